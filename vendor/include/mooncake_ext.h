@@ -1,0 +1,168 @@
+/*
+ * mooncake_ext.h - what the upstream-compatible C ABI (transfer_engine_c.h)
+ * lacks: a per-engine configuration, the calling thread's last error, a log
+ * sink, the engine version, remote segment buffer lists, batch waiting and
+ * per-task failure reasons, and an ABI self-description for layout checks.
+ *
+ * Conventions: functions return 0 on success or a negative error code
+ * (the ERR_* values below); every failure records a message for the calling
+ * thread (mc_last_error_message). No C++ exception leaves these functions.
+ */
+#ifndef MOONCAKE_RS_EXT_H
+#define MOONCAKE_RS_EXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transfer_engine_c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MC_ENGINE_VERSION "0.1.0"
+
+/* Negative error codes; numerically identical to upstream's error.h. */
+#define ERR_INVALID_ARGUMENT (-1)
+#define ERR_TOO_MANY_REQUESTS (-2)
+#define ERR_ADDRESS_NOT_REGISTERED (-3)
+#define ERR_BATCH_BUSY (-4)
+#define ERR_DEVICE_NOT_FOUND (-6)
+#define ERR_ADDRESS_OVERLAPPED (-7)
+#define ERR_DNS (-101)
+#define ERR_SOCKET (-102)
+#define ERR_MALFORMED_JSON (-103)
+#define ERR_REJECT_HANDSHAKE (-104)
+#define ERR_METADATA (-200)
+#define ERR_ENDPOINT (-201)
+#define ERR_CONTEXT (-202)
+#define ERR_NUMA (-300)
+#define ERR_CLOCK (-301)
+#define ERR_MEMORY (-302)
+#define ERR_NOT_IMPLEMENTED (-303)
+/* Extension codes (not in upstream). */
+#define MC_ERR_TIMEOUT (-1001)
+#define MC_ERR_SHUTDOWN (-1002)
+#define MC_ERR_BUFFER_TOO_SMALL (-1003)
+#define MC_ERR_INTERNAL (-1004)
+
+/* Positive status codes returned by submit/status/free calls. */
+#define MC_STATUS_OK (0)
+#define MC_STATUS_INVALID_ARGUMENT (1)
+#define MC_STATUS_TOO_MANY_REQUESTS (2)
+#define MC_STATUS_ADDRESS_NOT_REGISTERED (3)
+#define MC_STATUS_BATCH_BUSY (4)
+#define MC_STATUS_NOT_SUPPORTED_TRANSPORT (8)
+#define MC_STATUS_NOT_IMPLEMENTED (999)
+
+/* Protocol bits for mc_engine_config.protocols. */
+#define MC_PROTOCOL_TCP (1u << 0)
+#define MC_PROTOCOL_RDMA (1u << 1)
+
+/* GPU memory registration for RDMA (see WITH_NVIDIA_PEERMEM). */
+#define MC_GPU_REG_FROM_ENV (0)
+#define MC_GPU_REG_PEERMEM (1)
+#define MC_GPU_REG_DMABUF (2)
+#define MC_GPU_REG_AUTO (3)
+
+/* Log levels of the sink. */
+#define MC_LOG_TRACE (0)
+#define MC_LOG_DEBUG (1)
+#define MC_LOG_INFO (2)
+#define MC_LOG_WARN (3)
+#define MC_LOG_ERROR (4)
+#define MC_LOG_OFF (5)
+
+/*
+ * Per-engine configuration. Fill it with mc_engine_config_default(), which
+ * applies upstream's MC_* environment variables, then override fields.
+ * String fields may be NULL (= default); they are copied by mc_engine_create.
+ */
+typedef struct mc_engine_config {
+    uint32_t struct_size;            /* sizeof(mc_engine_config_t) */
+    uint32_t protocols;              /* MC_PROTOCOL_* bits; 0 = none yet */
+    const char *metadata_conn_string; /* "P2PHANDSHAKE" */
+    const char *local_server_name;   /* "host" or "host:port" */
+    const char *bind_address;        /* NULL/"" = wildcard */
+    const char *device_allow_list;   /* comma-separated RDMA devices */
+    const char *device_deny_list;
+    uint16_t rpc_port;               /* 0 = random in [port_min, port_max] */
+    uint16_t tcp_data_port;          /* 0 = random in [port_min, port_max] */
+    uint16_t port_min;
+    uint16_t port_max;
+    int32_t gpu_registration_mode;   /* MC_GPU_REG_* */
+    uint32_t handshake_connect_timeout_ms;
+    uint32_t handshake_timeout_ms;
+    uint32_t tcp_connect_timeout_ms;
+    uint32_t tcp_progress_timeout_ms;
+    uint32_t tcp_lanes_per_peer;
+    uint32_t tcp_pipeline_depth;
+    uint32_t tcp_proto_version;      /* 2, or 1 to speak legacy framing */
+    uint32_t metadata_cache;         /* 1 = cache remote descriptors */
+    uint64_t handshake_max_length;
+} mc_engine_config_t;
+
+int mc_engine_config_default(mc_engine_config_t *cfg);
+/* Returns NULL on failure (see mc_last_error_message). */
+transfer_engine_t mc_engine_create(const mc_engine_config_t *cfg);
+
+/* Last failure on the calling thread. The string stays valid until the next
+ * call into this library on the same thread. */
+const char *mc_last_error_message(void);
+int mc_last_error_code(void);
+/* Symbolic name of a code, e.g. "ERR_SOCKET". Static storage. */
+const char *mc_error_name(int code);
+
+/* Process-wide log sink; NULL restores the default (stderr). The sink is
+ * called from engine threads, one message at a time; it must not call
+ * mc_set_log_sink itself. */
+typedef void (*mc_log_sink_fn)(void *user_data, int level, const char *message);
+int mc_set_log_sink(mc_log_sink_fn sink, void *user_data, int min_level);
+
+/* Engine version string (MC_ENGINE_VERSION). Static storage. */
+const char *mc_engine_version(void);
+
+/* The engine's segment name, NUL-terminated. Returns the length needed
+ * (without NUL) in *needed; MC_ERR_BUFFER_TOO_SMALL when it did not fit. */
+int mc_engine_segment_name(transfer_engine_t engine, char *buf, size_t len, size_t *needed);
+int mc_engine_ports(transfer_engine_t engine, uint16_t *rpc_port, uint16_t *tcp_data_port);
+
+/* Buffers of an opened remote segment, as its descriptor lists them. */
+typedef struct mc_buffer_info {
+    uint64_t addr;
+    uint64_t length;
+} mc_buffer_info_t;
+int mc_segment_buffers(transfer_engine_t engine, segment_id_t segment_id,
+                       mc_buffer_info_t *out, size_t cap, size_t *count);
+/* Protocol name of an opened segment ("tcp", ...), NUL-terminated. */
+int mc_segment_protocol(transfer_engine_t engine, segment_id_t segment_id, char *buf,
+                        size_t len);
+/* Handshake probe (message type 3) to the owner of an opened segment. */
+int mc_segment_probe(transfer_engine_t engine, segment_id_t segment_id);
+
+/* Waits until every task submitted to the batch so far is terminal.
+ * timeout_ms < 0 waits forever. 0 when done, MC_ERR_TIMEOUT otherwise.
+ * Tasks seen terminal count as observed (for freeBatchID). */
+int mc_batch_wait(transfer_engine_t engine, batch_id_t batch_id, int64_t timeout_ms);
+/* Statuses of the first `cap` tasks into `out`; *count = tasks submitted. */
+int mc_batch_status(transfer_engine_t engine, batch_id_t batch_id,
+                    struct transfer_status *out, size_t cap, size_t *count);
+/* Why a FAILED task failed, NUL-terminated (empty when it did not fail). */
+int mc_transfer_error(transfer_engine_t engine, batch_id_t batch_id, size_t task_id,
+                      char *buf, size_t len, size_t *needed);
+
+/* ABI self-description: one entry per field of every struct shared with
+ * bindings, so that a binding can check its own layout at test time. */
+typedef struct mc_abi_field {
+    const char *type_name;
+    const char *field_name; /* "" for the whole struct */
+    size_t offset;
+    size_t size;
+} mc_abi_field_t;
+size_t mc_abi_describe(const mc_abi_field_t **fields);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOONCAKE_RS_EXT_H */

@@ -1,0 +1,257 @@
+// The extension C ABI (mooncake_ext.h).
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "capi/api_guard.h"
+#include "engine/config.h"
+#include "mooncake_ext.h"
+
+using namespace mcrs;
+
+namespace {
+
+void copy_out(const std::string &s, char *buf, size_t len, size_t *needed) {
+    if (needed) *needed = s.size();
+    if (!buf || len <= s.size())
+        throw Error(kErrBufferTooSmall, "buffer of " + std::to_string(len) + " bytes cannot hold " +
+                                            std::to_string(s.size() + 1));
+    std::memcpy(buf, s.c_str(), s.size() + 1);
+}
+
+EngineConfig to_engine_config(const mc_engine_config_t &c) {
+    if (c.struct_size != sizeof(mc_engine_config_t))
+        throw Error(kErrInvalidArgument,
+                    "mc_engine_config.struct_size is " + std::to_string(c.struct_size) +
+                        ", this library expects " + std::to_string(sizeof(mc_engine_config_t)) +
+                        " (header/library mismatch?)");
+    EngineConfig e = EngineConfig::from_env();
+    e.protocols = c.protocols;
+    if (c.metadata_conn_string) e.metadata_conn_string = c.metadata_conn_string;
+    if (c.local_server_name) e.local_server_name = c.local_server_name;
+    e.bind_address = c.bind_address ? c.bind_address : "";
+    if (c.device_allow_list) e.device_allow_list = split_list(c.device_allow_list);
+    if (c.device_deny_list) e.device_deny_list = split_list(c.device_deny_list);
+    e.rpc_port = c.rpc_port;
+    e.tcp_data_port = c.tcp_data_port;
+    e.port_min = c.port_min;
+    e.port_max = c.port_max;
+    e.gpu_registration_mode = static_cast<GpuRegistrationMode>(c.gpu_registration_mode);
+    e.handshake_connect_timeout_ms = c.handshake_connect_timeout_ms;
+    e.handshake_timeout_ms = c.handshake_timeout_ms;
+    e.tcp_connect_timeout_ms = c.tcp_connect_timeout_ms;
+    e.tcp_progress_timeout_ms = c.tcp_progress_timeout_ms;
+    e.tcp_lanes_per_peer = c.tcp_lanes_per_peer;
+    e.tcp_pipeline_depth = c.tcp_pipeline_depth;
+    e.tcp_proto_version = c.tcp_proto_version;
+    e.metadata_cache = c.metadata_cache != 0;
+    e.handshake_max_length = c.handshake_max_length;
+    return e;
+}
+
+}  // namespace
+
+extern "C" {
+
+int mc_engine_config_default(mc_engine_config_t *cfg) {
+    return guard_errcode("mc_engine_config_default", [&] {
+        if (!cfg) throw Error(kErrInvalidArgument, "config pointer is null");
+        EngineConfig e = EngineConfig::from_env();
+        std::memset(cfg, 0, sizeof *cfg);
+        cfg->struct_size = sizeof *cfg;
+        cfg->protocols = e.protocols;
+        cfg->metadata_conn_string = nullptr;  // "P2PHANDSHAKE"
+        cfg->local_server_name = nullptr;     // "127.0.0.1"
+        cfg->rpc_port = e.rpc_port;
+        cfg->tcp_data_port = e.tcp_data_port;
+        cfg->port_min = e.port_min;
+        cfg->port_max = e.port_max;
+        cfg->gpu_registration_mode = static_cast<int32_t>(e.gpu_registration_mode);
+        cfg->handshake_connect_timeout_ms = e.handshake_connect_timeout_ms;
+        cfg->handshake_timeout_ms = e.handshake_timeout_ms;
+        cfg->tcp_connect_timeout_ms = e.tcp_connect_timeout_ms;
+        cfg->tcp_progress_timeout_ms = e.tcp_progress_timeout_ms;
+        cfg->tcp_lanes_per_peer = e.tcp_lanes_per_peer;
+        cfg->tcp_pipeline_depth = e.tcp_pipeline_depth;
+        cfg->tcp_proto_version = e.tcp_proto_version;
+        cfg->metadata_cache = e.metadata_cache ? 1 : 0;
+        cfg->handshake_max_length = e.handshake_max_length;
+        return 0;
+    });
+}
+
+transfer_engine_t mc_engine_create(const mc_engine_config_t *cfg) {
+    return guard_value<transfer_engine_t>("mc_engine_create", nullptr, [&]() -> transfer_engine_t {
+        if (!cfg) throw Error(kErrInvalidArgument, "config pointer is null");
+        return new TransferEngine(to_engine_config(*cfg));
+    });
+}
+
+const char *mc_last_error_message(void) { return last_error_message(); }
+
+int mc_last_error_code(void) { return last_error_code(); }
+
+const char *mc_error_name(int code) { return error_name(code); }
+
+int mc_set_log_sink(mc_log_sink_fn sink, void *user_data, int min_level) {
+    return guard_errcode("mc_set_log_sink", [&] {
+        if (min_level < MC_LOG_TRACE || min_level > MC_LOG_OFF)
+            throw Error(kErrInvalidArgument, "log level " + std::to_string(min_level) + " is not 0..5");
+        set_log_sink(sink, user_data, static_cast<LogLevel>(min_level));
+        return 0;
+    });
+}
+
+const char *mc_engine_version(void) { return MC_ENGINE_VERSION; }
+
+int mc_engine_segment_name(transfer_engine_t engine, char *buf, size_t len, size_t *needed) {
+    return guard_errcode("mc_engine_segment_name", [&] {
+        copy_out(engine_of(engine, "mc_engine_segment_name")->segment_name(), buf, len, needed);
+        return 0;
+    });
+}
+
+int mc_engine_ports(transfer_engine_t engine, uint16_t *rpc_port, uint16_t *tcp_data_port) {
+    return guard_errcode("mc_engine_ports", [&] {
+        TransferEngine *e = engine_of(engine, "mc_engine_ports");
+        if (rpc_port) *rpc_port = e->rpc_port();
+        if (tcp_data_port) *tcp_data_port = e->tcp_data_port();
+        return 0;
+    });
+}
+
+int mc_segment_buffers(transfer_engine_t engine, segment_id_t segment_id, mc_buffer_info_t *out,
+                       size_t cap, size_t *count) {
+    return guard_errcode("mc_segment_buffers", [&] {
+        TransferEngine *e = engine_of(engine, "mc_segment_buffers");
+        auto d = e->segment_desc(segment_id);
+        if (!d) throw Error(kErrInvalidArgument, "unknown segment id " + std::to_string(segment_id));
+        if (count) *count = d->buffers.size();
+        for (size_t i = 0; i < d->buffers.size() && i < cap && out; ++i) {
+            out[i].addr = d->buffers[i].addr;
+            out[i].length = d->buffers[i].length;
+        }
+        return 0;
+    });
+}
+
+int mc_segment_protocol(transfer_engine_t engine, segment_id_t segment_id, char *buf, size_t len) {
+    return guard_errcode("mc_segment_protocol", [&] {
+        auto d = engine_of(engine, "mc_segment_protocol")->segment_desc(segment_id);
+        if (!d) throw Error(kErrInvalidArgument, "unknown segment id " + std::to_string(segment_id));
+        copy_out(d->protocol, buf, len, nullptr);
+        return 0;
+    });
+}
+
+int mc_segment_probe(transfer_engine_t engine, segment_id_t segment_id) {
+    return guard_errcode("mc_segment_probe", [&] {
+        engine_of(engine, "mc_segment_probe")->probe_segment(segment_id);
+        return 0;
+    });
+}
+
+int mc_batch_wait(transfer_engine_t engine, batch_id_t batch_id, int64_t timeout_ms) {
+    return guard_errcode("mc_batch_wait", [&] {
+        if (!engine_of(engine, "mc_batch_wait")->wait_batch(batch_id, timeout_ms))
+            throw Error(kErrTimeout, "batch " + std::to_string(batch_id) + " still has tasks in flight after " +
+                                         std::to_string(timeout_ms) + " ms");
+        return 0;
+    });
+}
+
+int mc_batch_status(transfer_engine_t engine, batch_id_t batch_id, struct transfer_status *out,
+                    size_t cap, size_t *count) {
+    return guard_errcode("mc_batch_status", [&] {
+        TransferEngine *e = engine_of(engine, "mc_batch_status");
+        // Statuses are gathered into small stack chunks to avoid allocating.
+        constexpr size_t kChunk = 256;
+        int st[kChunk];
+        uint64_t by[kChunk];
+        size_t n = e->batch_statuses(batch_id, nullptr, nullptr, 0);
+        if (count) *count = n;
+        if (!out) return 0;
+        size_t lim = cap < n ? cap : n;
+        if (lim <= kChunk) {
+            e->batch_statuses(batch_id, st, by, lim);
+            for (size_t i = 0; i < lim; ++i) out[i] = transfer_status{st[i], by[i]};
+            return 0;
+        }
+        std::vector<int> vs(lim);
+        std::vector<uint64_t> vb(lim);
+        e->batch_statuses(batch_id, vs.data(), vb.data(), lim);
+        for (size_t i = 0; i < lim; ++i) out[i] = transfer_status{vs[i], vb[i]};
+        return 0;
+    });
+}
+
+int mc_transfer_error(transfer_engine_t engine, batch_id_t batch_id, size_t task_id, char *buf,
+                      size_t len, size_t *needed) {
+    return guard_errcode("mc_transfer_error", [&] {
+        std::string s = engine_of(engine, "mc_transfer_error")->task_error(batch_id, task_id);
+        copy_out(s, buf, len, needed);
+        return 0;
+    });
+}
+
+#define MC_ABI_STRUCT(T) {#T, "", 0, sizeof(T)}
+#define MC_ABI_FIELD(T, F) {#T, #F, offsetof(T, F), sizeof(((T *)nullptr)->F)}
+
+size_t mc_abi_describe(const mc_abi_field_t **fields) {
+    static const mc_abi_field_t kFields[] = {
+        MC_ABI_STRUCT(transfer_request),
+        MC_ABI_FIELD(transfer_request, opcode),
+        MC_ABI_FIELD(transfer_request, source),
+        MC_ABI_FIELD(transfer_request, target_id),
+        MC_ABI_FIELD(transfer_request, target_offset),
+        MC_ABI_FIELD(transfer_request, length),
+        MC_ABI_STRUCT(transfer_status),
+        MC_ABI_FIELD(transfer_status, status),
+        MC_ABI_FIELD(transfer_status, transferred_bytes),
+        MC_ABI_STRUCT(notify_msg),
+        MC_ABI_FIELD(notify_msg, name),
+        MC_ABI_FIELD(notify_msg, msg),
+        MC_ABI_STRUCT(buffer_entry),
+        MC_ABI_FIELD(buffer_entry, addr),
+        MC_ABI_FIELD(buffer_entry, length),
+        MC_ABI_STRUCT(nic_load_stat),
+        MC_ABI_FIELD(nic_load_stat, device_name),
+        MC_ABI_FIELD(nic_load_stat, inflight_bytes),
+        MC_ABI_FIELD(nic_load_stat, ewma_bandwidth_bps),
+        MC_ABI_STRUCT(segment_desc),
+        MC_ABI_STRUCT(mc_buffer_info),
+        MC_ABI_FIELD(mc_buffer_info, addr),
+        MC_ABI_FIELD(mc_buffer_info, length),
+        MC_ABI_STRUCT(mc_abi_field),
+        MC_ABI_FIELD(mc_abi_field, type_name),
+        MC_ABI_FIELD(mc_abi_field, field_name),
+        MC_ABI_FIELD(mc_abi_field, offset),
+        MC_ABI_FIELD(mc_abi_field, size),
+        MC_ABI_STRUCT(mc_engine_config),
+        MC_ABI_FIELD(mc_engine_config, struct_size),
+        MC_ABI_FIELD(mc_engine_config, protocols),
+        MC_ABI_FIELD(mc_engine_config, metadata_conn_string),
+        MC_ABI_FIELD(mc_engine_config, local_server_name),
+        MC_ABI_FIELD(mc_engine_config, bind_address),
+        MC_ABI_FIELD(mc_engine_config, device_allow_list),
+        MC_ABI_FIELD(mc_engine_config, device_deny_list),
+        MC_ABI_FIELD(mc_engine_config, rpc_port),
+        MC_ABI_FIELD(mc_engine_config, tcp_data_port),
+        MC_ABI_FIELD(mc_engine_config, port_min),
+        MC_ABI_FIELD(mc_engine_config, port_max),
+        MC_ABI_FIELD(mc_engine_config, gpu_registration_mode),
+        MC_ABI_FIELD(mc_engine_config, handshake_connect_timeout_ms),
+        MC_ABI_FIELD(mc_engine_config, handshake_timeout_ms),
+        MC_ABI_FIELD(mc_engine_config, tcp_connect_timeout_ms),
+        MC_ABI_FIELD(mc_engine_config, tcp_progress_timeout_ms),
+        MC_ABI_FIELD(mc_engine_config, tcp_lanes_per_peer),
+        MC_ABI_FIELD(mc_engine_config, tcp_pipeline_depth),
+        MC_ABI_FIELD(mc_engine_config, tcp_proto_version),
+        MC_ABI_FIELD(mc_engine_config, metadata_cache),
+        MC_ABI_FIELD(mc_engine_config, handshake_max_length),
+    };
+    if (fields) *fields = kFields;
+    return sizeof kFields / sizeof kFields[0];
+}
+
+}  // extern "C"

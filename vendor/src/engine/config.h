@@ -1,0 +1,59 @@
+// Per-engine configuration. Upstream reads these from process-wide env vars;
+// here each engine carries its own copy, built from the env vars by default so
+// that vLLM-style deployments keep their behaviour.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mcrs {
+
+enum ProtocolMask : uint32_t {
+    kProtoTcp = 1u << 0,
+    kProtoRdma = 1u << 1,
+};
+
+enum class GpuRegistrationMode : int { FromEnv = 0, PeerMem = 1, DmaBuf = 2, Auto = 3 };
+
+struct EngineConfig {
+    std::string metadata_conn_string = "P2PHANDSHAKE";
+    std::string local_server_name = "127.0.0.1";
+    // Address the listeners bind to; empty = wildcard (upstream's behaviour).
+    std::string bind_address;
+    uint32_t protocols = kProtoTcp;
+
+    uint16_t rpc_port = 0;       // 0 = random in [port_min, port_max]
+    uint16_t tcp_data_port = 0;  // 0 = random in [port_min, port_max]
+    uint16_t port_min = 15000;
+    uint16_t port_max = 17000;
+    int listen_backlog = 128;
+
+    std::vector<std::string> device_allow_list;
+    std::vector<std::string> device_deny_list;
+    GpuRegistrationMode gpu_registration_mode = GpuRegistrationMode::FromEnv;
+
+    uint32_t handshake_connect_timeout_ms = 5000;
+    uint32_t handshake_timeout_ms = 10000;  // whole request/reply exchange
+    uint64_t handshake_max_length = 1u << 20;
+    uint32_t handshake_max_connections = 256;
+
+    uint32_t tcp_connect_timeout_ms = 5000;
+    uint32_t tcp_progress_timeout_ms = 30000;
+    uint32_t tcp_lanes_per_peer = 4;
+    uint32_t tcp_pipeline_depth = 64;
+    uint32_t tcp_proto_version = 2;  // 1 = speak v1 framing as initiator
+    uint32_t tcp_max_server_connections = 1024;
+
+    bool metadata_cache = true;
+    uint64_t max_notifications = 1u << 20;  // queued, not yet drained
+
+    // Defaults, then the MC_* environment variables that upstream honours.
+    static EngineConfig from_env();
+    // Throws Error(kErrInvalidArgument) naming the bad field.
+    void validate() const;
+};
+
+std::vector<std::string> split_list(const std::string &s);
+
+}  // namespace mcrs

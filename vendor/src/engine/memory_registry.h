@@ -1,0 +1,98 @@
+// The engine's registered local memory. Every transfer, local or served to a
+// peer, pins the registration it touches; unregistering removes the entry at
+// once (so no new transfer can start on it) and then waits for the pins to
+// drop, so memory is never handed back to its owner while I/O may touch it.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+namespace mcrs {
+
+struct Region {
+    uint64_t addr = 0;
+    uint64_t length = 0;
+    bool remote_accessible = true;
+    std::string location;
+
+    uint64_t end() const { return addr + length; }
+
+    // Pin count, guarded by `mu`.
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t pins = 0;
+};
+
+// RAII pin on a Region; movable, not copyable.
+class RegionPin {
+public:
+    RegionPin() = default;
+    explicit RegionPin(std::shared_ptr<Region> r);
+    ~RegionPin() { release(); }
+    RegionPin(const RegionPin &) = delete;
+    RegionPin &operator=(const RegionPin &) = delete;
+    RegionPin(RegionPin &&o) noexcept : r_(std::move(o.r_)) {}
+    RegionPin &operator=(RegionPin &&o) noexcept {
+        if (this != &o) {
+            release();
+            r_ = std::move(o.r_);
+        }
+        return *this;
+    }
+    explicit operator bool() const { return r_ != nullptr; }
+    const Region *region() const { return r_.get(); }
+    void release();
+
+private:
+    std::shared_ptr<Region> r_;
+};
+
+struct RegionInfo {
+    uint64_t addr;
+    uint64_t length;
+    bool remote_accessible;
+    std::string location;
+};
+
+class MemoryRegistry {
+public:
+    // Throws Error: kErrInvalidArgument (null/zero/overflow/unmapped),
+    // kErrAddressOverlapped.
+    void add(uint64_t addr, uint64_t length, const std::string &location, bool remote_accessible);
+    // Adds all or none; the list is checked against itself and the registry.
+    void add_batch(const std::vector<RegionInfo> &regions);
+    // Throws kErrAddressNotRegistered when `addr` is not the start of a region.
+    // Blocks until in-flight I/O on the region has finished.
+    void remove(uint64_t addr);
+
+    // A pin on the region that wholly contains [addr, addr+len), or an empty
+    // pin. `need_remote` restricts the search to remote-accessible regions.
+    RegionPin pin(uint64_t addr, uint64_t len, bool need_remote) const;
+
+    std::vector<RegionInfo> snapshot(bool remote_only) const;
+    uint64_t generation() const;
+    size_t size() const;
+    // Removes everything (engine teardown); waits for pins like remove().
+    void clear();
+
+private:
+    void check_new(uint64_t addr, uint64_t length) const;  // caller holds mu_
+    static void wait_unpinned(const std::shared_ptr<Region> &r);
+
+    mutable std::shared_mutex mu_;
+    std::map<uint64_t, std::shared_ptr<Region>> by_addr_;
+    uint64_t generation_ = 0;
+};
+
+// Location of the first page of a host buffer ("cpu:<numa node>"), or "*".
+std::string detect_host_location(const void *addr);
+// True when every page of [addr, addr+len) is mapped in this process.
+bool range_is_mapped(uint64_t addr, uint64_t len);
+
+}  // namespace mcrs

@@ -1,0 +1,172 @@
+#include "engine/segment_descriptor.h"
+
+#include <sys/time.h>
+
+#include <cstdio>
+#include <ctime>
+
+#include "common/error.h"
+
+namespace mcrs {
+
+std::string descriptor_timestamp() {
+    struct timeval tv;
+    gettimeofday(&tv, nullptr);
+    struct tm tm;
+    time_t secs = tv.tv_sec;
+    localtime_r(&secs, &tm);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%04d-%02d-%02d %02d:%02d:%02d.%06ld", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<long>(tv.tv_usec));
+    return buf;
+}
+
+Json encode_segment_desc(const SegmentDesc &d) {
+    Json j = Json::object();
+    j.set("name", d.name);
+    j.set("protocol", d.protocol);
+    j.set("tcp_data_port", static_cast<int>(d.tcp_data_port));
+    j.set("tcp_proto_version", d.tcp_proto_version);
+    if (!d.tcp_data_host.empty()) j.set("tcp_data_host", d.tcp_data_host);
+    j.set("rdma_server_name", d.rdma_server_name);
+    j.set("timestamp", descriptor_timestamp());
+    Json bufs = Json::array();
+    bool rdma = d.protocol != "tcp";
+    for (const auto &b : d.buffers) {
+        Json e = Json::object();
+        e.set("addr", b.addr);
+        e.set("length", b.length);
+        e.set("name", b.name);
+        if (rdma) {
+            Json lk = Json::array(), rk = Json::array();
+            for (uint32_t k : b.lkey) lk.push(Json(static_cast<uint64_t>(k)));
+            for (uint32_t k : b.rkey) rk.push(Json(static_cast<uint64_t>(k)));
+            e.set("lkey", lk);
+            e.set("rkey", rk);
+        }
+        bufs.push(e);
+    }
+    j.set("buffers", bufs);
+    if (rdma) {
+        Json devs = Json::array();
+        for (const auto &dv : d.devices) {
+            Json e = Json::object();
+            e.set("gid", dv.gid);
+            e.set("lid", static_cast<uint64_t>(dv.lid));
+            e.set("name", dv.name);
+            devs.push(e);
+        }
+        j.set("devices", devs);
+        j.set("priority_matrix", d.priority_matrix.is_object() ? d.priority_matrix : Json::object());
+    }
+    return j;
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string &why) {
+    throw Error(kErrMetadata, "unsupported segment descriptor: " + why);
+}
+
+std::vector<uint32_t> keys(const Json &e, const char *field, size_t idx) {
+    std::vector<uint32_t> out;
+    const Json *k = e.find(field);
+    if (!k) return out;
+    const Json::Array *a = k->get_array();
+    if (!a) bad("buffers[" + std::to_string(idx) + "]." + field + " is not an array");
+    for (const Json &v : *a) {
+        uint64_t x;
+        if (!v.get_u64(x) || x > 0xFFFFFFFFull)
+            bad("buffers[" + std::to_string(idx) + "]." + field + " holds a non-32-bit key");
+        out.push_back(static_cast<uint32_t>(x));
+    }
+    return out;
+}
+
+}  // namespace
+
+SegmentDesc decode_segment_desc(const Json &j) {
+    if (!j.is_object()) bad(j.is_null() ? "the peer sent null (it has no descriptor yet)"
+                                        : "not a JSON object");
+    SegmentDesc d;
+    d.name = json_string_or(j, "name", "");
+    if (d.name.empty()) bad("missing or empty 'name'");
+    const Json *proto = j.find("protocol");
+    if (proto && proto->is_array()) {
+        // Multi-protocol builds publish an array; take the first we know.
+        for (const Json &p : *proto->get_array())
+            if (p.is_string()) {
+                d.protocol = *p.get_string();
+                break;
+            }
+    } else {
+        d.protocol = json_string_or(j, "protocol", "");
+    }
+    if (d.protocol.empty()) bad("missing 'protocol'");
+    d.tcp_data_host = json_string_or(j, "tcp_data_host", "");
+    d.rdma_server_name = json_string_or(j, "rdma_server_name", "");
+    if (const Json *p = j.find("tcp_data_port")) {
+        int64_t v;
+        if (!p->get_i64(v) || v < 0 || v > 65535) bad("'tcp_data_port' is not a port number");
+        d.tcp_data_port = static_cast<uint16_t>(v);
+    }
+    if (const Json *p = j.find("tcp_proto_version")) {
+        int64_t v;
+        if (!p->get_i64(v) || v < 0 || v > 1000) bad("'tcp_proto_version' is not a small integer");
+        d.tcp_proto_version = static_cast<int>(v);
+    }
+    if (const Json *devs = j.find("devices")) {
+        const Json::Array *a = devs->get_array();
+        if (!a) bad("'devices' is not an array");
+        for (size_t i = 0; i < a->size(); ++i) {
+            const Json &e = (*a)[i];
+            DeviceDesc dv;
+            dv.name = json_string_or(e, "name", "");
+            dv.gid = json_string_or(e, "gid", "");
+            uint64_t lid = 0;
+            if (const Json *l = e.find("lid")) {
+                if (!l->get_u64(lid) || lid > 0xFFFF) lid = 0;
+            }
+            dv.lid = static_cast<uint32_t>(lid);
+            if (dv.name.empty() || dv.gid.empty())
+                bad("devices[" + std::to_string(i) + "] has an empty name or gid");
+            d.devices.push_back(dv);
+        }
+    }
+    if (const Json *pm = j.find("priority_matrix")) d.priority_matrix = *pm;
+    const Json *bufs = j.find("buffers");
+    if (bufs) {
+        const Json::Array *a = bufs->get_array();
+        if (!a) bad("'buffers' is not an array");
+        for (size_t i = 0; i < a->size(); ++i) {
+            const Json &e = (*a)[i];
+            if (!e.is_object()) bad("buffers[" + std::to_string(i) + "] is not an object");
+            BufferDesc b;
+            b.name = json_string_or(e, "name", "");
+            const Json *addr = e.find("addr");
+            const Json *len = e.find("length");
+            if (b.name.empty()) bad("buffers[" + std::to_string(i) + "] has an empty name");
+            if (!addr || !addr->get_u64(b.addr) || b.addr == 0)
+                bad("buffers[" + std::to_string(i) + "] has no valid non-zero addr");
+            if (!len || !len->get_u64(b.length) || b.length == 0)
+                bad("buffers[" + std::to_string(i) + "] has no valid non-zero length");
+            if (b.addr + b.length < b.addr)
+                bad("buffers[" + std::to_string(i) + "] wraps around the address space");
+            b.lkey = keys(e, "lkey", i);
+            b.rkey = keys(e, "rkey", i);
+            if (!b.rkey.empty()) {
+                if (b.rkey.size() != b.lkey.size())
+                    bad("buffers[" + std::to_string(i) + "] has rkey/lkey of different sizes");
+                if (d.protocol == "rdma" && b.rkey.size() != d.devices.size())
+                    bad("buffers[" + std::to_string(i) + "] has " +
+                        std::to_string(b.rkey.size()) + " rkeys for " +
+                        std::to_string(d.devices.size()) + " devices");
+            }
+            d.buffers.push_back(std::move(b));
+        }
+    }
+    return d;
+}
+
+}  // namespace mcrs

@@ -1,0 +1,47 @@
+// The segment descriptor: the JSON a segment's owner publishes (PROTOCOL.md
+// section 3) and a peer decodes before it can transfer. Decoding treats the
+// JSON as untrusted and rejects what upstream rejects, plus ranges that wrap.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/json.h"
+
+namespace mcrs {
+
+struct BufferDesc {
+    std::string name;  // location, e.g. "cpu:0"
+    uint64_t addr = 0;
+    uint64_t length = 0;
+    std::vector<uint32_t> lkey;  // RDMA only
+    std::vector<uint32_t> rkey;  // RDMA only
+};
+
+struct DeviceDesc {
+    std::string name;
+    std::string gid;
+    uint32_t lid = 0;
+};
+
+struct SegmentDesc {
+    std::string name;
+    std::string protocol;  // "tcp", "rdma", ...
+    std::string tcp_data_host;
+    uint16_t tcp_data_port = 0;
+    int tcp_proto_version = 1;
+    std::string rdma_server_name;
+    std::vector<BufferDesc> buffers;
+    std::vector<DeviceDesc> devices;
+    Json priority_matrix;  // kept verbatim (RDMA)
+};
+
+Json encode_segment_desc(const SegmentDesc &d);
+// Throws Error(kErrMetadata) naming the offending field.
+SegmentDesc decode_segment_desc(const Json &j);
+
+// Local time "YYYY-MM-DD HH:MM:SS.uuuuuu", as upstream writes `timestamp`.
+std::string descriptor_timestamp();
+
+}  // namespace mcrs

@@ -1,0 +1,451 @@
+#include "engine/transfer_engine.h"
+
+#include <cstring>
+#include <sstream>
+#include <unordered_map>
+
+#include "common/error.h"
+#include "common/host_port.h"
+#include "common/log.h"
+#include "common/socket.h"
+#include "handshake/frame.h"
+#include "handshake/handshake_client.h"
+#include "handshake/handshake_server.h"
+#include "transfer_engine_c.h"
+#include "transport/tcp/tcp_client.h"
+#include "transport/tcp/tcp_server.h"
+#include "transport/transport.h"
+
+namespace mcrs {
+
+namespace {
+
+std::string hex(uint64_t v) {
+    std::ostringstream s;
+    s << "0x" << std::hex << v;
+    return s.str();
+}
+
+HandshakeClientOptions client_options(const EngineConfig &c) {
+    HandshakeClientOptions o;
+    o.connect_timeout_ms = c.handshake_connect_timeout_ms;
+    o.timeout_ms = c.handshake_timeout_ms;
+    o.max_length = c.handshake_max_length;
+    return o;
+}
+
+}  // namespace
+
+TransferEngine::TransferEngine(EngineConfig cfg)
+    : cfg_(std::move(cfg)),
+      notifies_(cfg_.max_notifications),
+      segments_([this](const std::string &n) { return fetch_descriptor(n); }) {
+    cfg_.validate();
+    if (cfg_.metadata_conn_string != "P2PHANDSHAKE")
+        throw Error(kErrNotImplemented,
+                    "metadata backend '" + cfg_.metadata_conn_string +
+                        "' is not supported yet; use P2PHANDSHAKE");
+    local_host_ = parse_host_port(cfg_.local_server_name).host;
+    if (local_host_.empty()) throw Error(kErrInvalidArgument, "local_server_name has no host part");
+
+    std::string err;
+    Fd hs;
+    if (cfg_.rpc_port != 0) {
+        hs = listen_tcp(cfg_.bind_address, cfg_.rpc_port, cfg_.listen_backlog, err);
+        rpc_port_ = cfg_.rpc_port;
+    } else {
+        hs = listen_tcp_random(cfg_.bind_address, cfg_.port_min, cfg_.port_max, 500,
+                               cfg_.listen_backlog, rpc_port_, err);
+    }
+    if (!hs.valid()) throw Error(kErrSocket, "handshake listener: " + err);
+    segment_name_ = join_host_port(local_host_, rpc_port_);
+
+    HandshakeServerOptions ho;
+    ho.timeout_ms = cfg_.handshake_timeout_ms;
+    ho.max_length = cfg_.handshake_max_length;
+    ho.max_connections = cfg_.handshake_max_connections;
+    handshake_ = std::make_unique<HandshakeServer>(
+        std::move(hs), ho,
+        [this](uint8_t t, const Json &req, Json &reply) { return handle_handshake(t, req, reply); });
+    if (cfg_.protocols & kProtoRdma)
+        throw Error(kErrNotImplemented,
+                    "the RDMA transport is not implemented yet; use the TCP protocol");
+    if (cfg_.protocols & kProtoTcp) install_transport("tcp");
+    handshake_->start();
+    MC_LOG(Info, "engine " << segment_name_ << " up (tcp data port " << tcp_port_ << ")");
+}
+
+TransferEngine::~TransferEngine() {
+    if (graceful_.load()) {
+        for (auto &b : batches_.all()) b->wait(static_cast<int64_t>(cfg_.tcp_progress_timeout_ms));
+    }
+    if (handshake_) handshake_->stop();
+    // Stop initiating first (fails what is queued or in flight), then stop
+    // serving peers; after both no thread touches registered memory.
+    if (tcp_client_) tcp_client_->stop();
+    if (tcp_server_) tcp_server_->stop();
+    batches_.clear();
+    registry_.clear();
+}
+
+void TransferEngine::install_transport(const std::string &proto) {
+    if (proto != "tcp")
+        throw Error(kErrNotImplemented,
+                    "transport '" + proto + "' is not implemented yet (only 'tcp' is)");
+    std::lock_guard<std::mutex> g(install_mu_);
+    if (tcp_installed_.load()) return;
+    std::string err;
+    Fd data;
+    if (cfg_.tcp_data_port != 0) {
+        data = listen_tcp(cfg_.bind_address, cfg_.tcp_data_port, cfg_.listen_backlog, err);
+        tcp_port_ = cfg_.tcp_data_port;
+    } else {
+        data = listen_tcp_random(cfg_.bind_address, cfg_.port_min, cfg_.port_max, 500,
+                                 cfg_.listen_backlog, tcp_port_, err);
+    }
+    if (!data.valid()) throw Error(kErrSocket, "TCP data listener: " + err);
+    TcpServerOptions so;
+    so.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
+    so.max_connections = cfg_.tcp_max_server_connections;
+    tcp_server_ = std::make_unique<TcpServer>(std::move(data), registry_, so);
+    tcp_server_->start();
+    TcpClientOptions co;
+    co.connect_timeout_ms = cfg_.tcp_connect_timeout_ms;
+    co.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
+    co.lanes_per_peer = cfg_.tcp_lanes_per_peer;
+    co.pipeline_depth = cfg_.tcp_pipeline_depth;
+    tcp_client_ = std::make_unique<TcpClient>(co);
+    tcp_installed_.store(true);
+}
+
+SegmentDesc TransferEngine::local_descriptor() const {
+    SegmentDesc d;
+    d.name = segment_name_;
+    d.protocol = tcp_installed_.load() ? "tcp" : "";
+    d.tcp_data_host = local_host_;
+    d.tcp_data_port = tcp_port_;
+    d.tcp_proto_version = 2;
+    for (const auto &r : registry_.snapshot(/*remote_only=*/true)) {
+        BufferDesc b;
+        b.name = r.location.empty() ? "*" : r.location;
+        b.addr = r.addr;
+        b.length = r.length;
+        d.buffers.push_back(std::move(b));
+    }
+    return d;
+}
+
+bool TransferEngine::handle_handshake(uint8_t type, const Json &req, Json &reply) {
+    switch (type) {
+        case kHsConnection: {
+            // TCP only: answer like an upstream TCP engine, with an empty
+            // endpoint description.
+            reply = Json::object();
+            reply.set("local_gid", "");
+            reply.set("local_lid", 0);
+            reply.set("local_nic_path", "");
+            reply.set("payload", "");
+            reply.set("peer_nic_path", "");
+            reply.set("qp_num", Json::array());
+            reply.set("reply_msg", "");
+            return true;
+        }
+        case kHsMetadata:
+            reply = encode_segment_desc(local_descriptor());
+            return true;
+        case kHsNotify: {
+            Notification n{json_string_or(req, "name", ""), json_string_or(req, "notify_msg", "")};
+            bool ok = notifies_.push(std::move(n));
+            if (!ok) MC_LOG(Warn, "notification queue full; rejecting a notify");
+            reply = Json::object();
+            reply.set("name", "");
+            reply.set("notify_msg", ok ? "success" : "");
+            return true;
+        }
+        case kHsProbe:
+            reply = Json::object();
+            reply.set("status", "success");
+            return true;
+        default: return false;
+    }
+}
+
+SegmentDesc TransferEngine::fetch_descriptor(const std::string &name) {
+    HostPort hp = parse_host_port(name);
+    Json reply;
+    try {
+        reply = handshake_request(hp.host, hp.port, kHsMetadata, Json::object(),
+                                  client_options(cfg_));
+    } catch (const Error &e) {
+        throw Error(e.code(), "cannot fetch the descriptor of segment '" + name + "': " + e.what());
+    }
+    try {
+        return decode_segment_desc(reply);
+    } catch (const Error &e) {
+        throw Error(e.code(), "segment '" + name + "': " + e.what());
+    }
+}
+
+void TransferEngine::register_memory(void *addr, size_t len, const std::string &location,
+                                     bool remote) {
+    std::string loc = location;
+    if (loc.empty() || loc == "*") loc = detect_host_location(addr);
+    registry_.add(reinterpret_cast<uint64_t>(addr), len, loc, remote);
+}
+
+void TransferEngine::register_memory_batch(const std::vector<RegionInfo> &regions) {
+    std::vector<RegionInfo> rs = regions;
+    for (auto &r : rs)
+        if (r.location.empty() || r.location == "*")
+            r.location = detect_host_location(reinterpret_cast<void *>(r.addr));
+    registry_.add_batch(rs);
+}
+
+void TransferEngine::unregister_memory(void *addr) {
+    registry_.remove(reinterpret_cast<uint64_t>(addr));
+}
+
+int32_t TransferEngine::open_segment(const std::string &raw, bool no_cache) {
+    std::string name = raw;
+    while (!name.empty() && name[0] == '/') name.erase(0, 1);
+    if (name.empty()) throw Error(kErrInvalidArgument, "segment name is empty");
+    return segments_.open(name, no_cache || !cfg_.metadata_cache);
+}
+
+void TransferEngine::close_segment(int32_t id) {
+    if (id != LOCAL_SEGMENT && !segments_.known(id))
+        throw Error(kErrInvalidArgument, "unknown segment id " + std::to_string(id));
+}
+
+void TransferEngine::remove_cached_segment(const std::string &raw) {
+    std::string name = raw;
+    while (!name.empty() && name[0] == '/') name.erase(0, 1);
+    if (name.empty()) throw Error(kErrInvalidArgument, "segment name is empty");
+    segments_.evict(name);
+}
+
+std::pair<int, std::string> TransferEngine::sync_segment_cache() {
+    return segments_.refresh_all();
+}
+
+std::shared_ptr<const SegmentDesc> TransferEngine::segment_desc(int32_t id) const {
+    return segments_.get(id);
+}
+
+void TransferEngine::probe_segment(int32_t id) {
+    auto d = segments_.get(id);
+    if (!d) throw Error(kErrInvalidArgument, "unknown segment id " + std::to_string(id));
+    HostPort hp = parse_host_port(d->name);
+    Json r = handshake_request(hp.host, hp.port, kHsProbe, Json::object(), client_options(cfg_));
+    if (json_string_or(r, "status", "") != "success")
+        throw Error(kErrMetadata, "segment '" + d->name + "' answered the probe without success");
+}
+
+uint64_t TransferEngine::allocate_batch(size_t capacity) {
+    if (capacity == 0) throw Error(kErrInvalidArgument, "batch capacity must be at least 1");
+    if (capacity > (1u << 24))
+        throw Error(kErrInvalidArgument,
+                    "batch capacity " + std::to_string(capacity) + " exceeds the limit of 16777216");
+    return batches_.create(capacity)->id();
+}
+
+std::shared_ptr<Batch> TransferEngine::batch_or_throw(uint64_t id) const {
+    auto b = batches_.find(id);
+    if (!b) throw StatusError(kStatusInvalidArgument, "unknown batch id " + std::to_string(id));
+    return b;
+}
+
+void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, size_t n,
+                            const PendingNotify *notify) {
+    auto batch = batch_or_throw(batch_id);
+    if (n == 0) {
+        if (notify) throw StatusError(kStatusInvalidArgument, "a notify needs at least one request");
+        return;
+    }
+    if (!reqs) throw StatusError(kStatusInvalidArgument, "request array is null");
+    if (n > batch->capacity() - batch->submitted())
+        throw StatusError(kStatusTooManyRequests,
+                          "batch " + std::to_string(batch_id) + " holds " +
+                              std::to_string(batch->submitted()) + " of " +
+                              std::to_string(batch->capacity()) + " tasks; " + std::to_string(n) +
+                              " more do not fit");
+
+    // Validate everything before reserving slots, so a bad request leaves
+    // the batch untouched.
+    std::vector<TransferItem> items(n);
+    std::unordered_map<int32_t, std::shared_ptr<const SegmentDesc>> descs;
+    for (size_t i = 0; i < n; ++i) {
+        const transfer_request &r = reqs[i];
+        std::string where = "request " + std::to_string(i) + ": ";
+        if (r.opcode != OPCODE_READ && r.opcode != OPCODE_WRITE)
+            throw StatusError(kStatusInvalidArgument,
+                              where + "opcode " + std::to_string(r.opcode) + " is neither READ nor WRITE");
+        if (r.length == 0) throw StatusError(kStatusInvalidArgument, where + "length is zero");
+        if (!r.source) throw StatusError(kStatusInvalidArgument, where + "source is null");
+        uint64_t src = reinterpret_cast<uint64_t>(r.source);
+        if (src + r.length < src || r.target_offset + r.length < r.target_offset)
+            throw StatusError(kStatusInvalidArgument,
+                              where + "range of " + std::to_string(r.length) + " bytes wraps around");
+        if (r.target_id != LOCAL_SEGMENT && !descs.count(r.target_id)) {
+            auto d = segments_.get(r.target_id);
+            if (!d)
+                throw StatusError(kStatusInvalidArgument,
+                                  where + "unknown segment id " + std::to_string(r.target_id) +
+                                      " (open the segment first)");
+            if (d->protocol != "tcp")
+                throw StatusError(kStatusNotSupportedTransport,
+                                  where + "segment '" + d->name + "' uses protocol '" + d->protocol +
+                                      "', which this engine has not installed");
+            if (!tcp_installed_.load())
+                throw StatusError(kStatusNotSupportedTransport,
+                                  where + "the TCP transport is not installed");
+            if (d->tcp_data_port == 0)
+                throw StatusError(kStatusInvalidArgument,
+                                  where + "segment '" + d->name + "' advertises no TCP data port");
+            descs.emplace(r.target_id, std::move(d));
+        }
+        RegionPin pin = registry_.pin(src, r.length, /*need_remote=*/false);
+        if (!pin)
+            throw StatusError(kStatusAddressNotRegistered,
+                              where + "local range [" + hex(src) + ", " + hex(src + r.length) +
+                                  ") is not inside one registered buffer");
+        TransferItem &it = items[i];
+        it.opcode = r.opcode;
+        it.local = static_cast<char *>(r.source);
+        it.remote_addr = r.target_offset;
+        it.length = r.length;
+        it.local_pin = std::move(pin);
+    }
+    auto first = batch->reserve(n);
+    if (!first)
+        throw StatusError(kStatusTooManyRequests,
+                          "batch " + std::to_string(batch_id) + " holds " +
+                              std::to_string(batch->submitted()) + " of " +
+                              std::to_string(batch->capacity()) + " tasks; " + std::to_string(n) +
+                              " more do not fit");
+    if (notify) batch->set_notify(*notify);
+
+    // Group by target and hand each group to its transport.
+    std::unordered_map<int32_t, std::vector<TransferItem>> groups;
+    for (size_t i = 0; i < n; ++i) {
+        items[i].batch = batch;
+        items[i].task = *first + i;
+        groups[reqs[i].target_id].push_back(std::move(items[i]));
+    }
+    for (auto &kv : groups) {
+        if (kv.first == LOCAL_SEGMENT) {
+            run_local(kv.second);
+            continue;
+        }
+        const SegmentDesc &d = *descs.at(kv.first);
+        std::string host = d.tcp_data_host.empty() ? parse_host_port(d.name).host : d.tcp_data_host;
+        int version = (d.tcp_proto_version >= 2 && cfg_.tcp_proto_version >= 2) ? 2 : 1;
+        tcp_client_->submit(host, d.tcp_data_port, version, kv.second);
+    }
+}
+
+void TransferEngine::run_local(std::vector<TransferItem> &items) {
+    // LOCAL_SEGMENT: the target is our own memory; same rule as for peers.
+    for (auto &it : items) {
+        RegionPin target = registry_.pin(it.remote_addr, it.length, /*need_remote=*/true);
+        if (!target) {
+            it.fail("local-segment " + std::string(it.opcode == OPCODE_WRITE ? "WRITE" : "READ") +
+                    " of " + std::to_string(it.length) + " bytes at " + hex(it.remote_addr) +
+                    ": not inside one registered remote-accessible buffer");
+            continue;
+        }
+        char *t = reinterpret_cast<char *>(it.remote_addr);
+        if (it.opcode == OPCODE_WRITE) std::memmove(t, it.local, it.length);
+        else std::memmove(it.local, t, it.length);
+        target.release();
+        it.complete();
+    }
+}
+
+void TransferEngine::maybe_send_batch_notify(Batch &b) {
+    auto n = b.take_notify_if_complete();
+    if (!n) return;
+    try {
+        send_notify(n->segment_id, n->name, n->msg);
+    } catch (const Error &e) {
+        MC_LOG(Warn, "notify after batch " << b.id() << " failed: " << e.what());
+    }
+}
+
+int TransferEngine::task_status(uint64_t batch_id, size_t task, uint64_t *bytes) {
+    auto b = batch_or_throw(batch_id);
+    if (task >= b->submitted())
+        throw StatusError(kStatusInvalidArgument,
+                          "task " + std::to_string(task) + " of batch " + std::to_string(batch_id) +
+                              " does not exist (" + std::to_string(b->submitted()) + " submitted)");
+    int s = b->observe(task, bytes);
+    if (is_terminal(s)) maybe_send_batch_notify(*b);
+    return s;
+}
+
+std::string TransferEngine::task_error(uint64_t batch_id, size_t task) {
+    auto b = batch_or_throw(batch_id);
+    if (task >= b->submitted())
+        throw StatusError(kStatusInvalidArgument, "task " + std::to_string(task) + " does not exist");
+    Task &t = b->task(task);
+    if (t.status.load(std::memory_order_acquire) != kTaskFailed) return std::string();
+    return t.error;
+}
+
+bool TransferEngine::wait_batch(uint64_t batch_id, int64_t timeout_ms) {
+    auto b = batch_or_throw(batch_id);
+    bool done = b->wait(timeout_ms);
+    if (done) {
+        size_t n = b->submitted();
+        for (size_t i = 0; i < n; ++i) b->observe(i, nullptr);
+        maybe_send_batch_notify(*b);
+    }
+    return done;
+}
+
+size_t TransferEngine::batch_statuses(uint64_t batch_id, int *status, uint64_t *bytes, size_t cap) {
+    auto b = batch_or_throw(batch_id);
+    size_t n = b->submitted();
+    bool any_terminal = false;
+    for (size_t i = 0; i < n && i < cap; ++i) {
+        uint64_t by = 0;
+        int s = b->observe(i, &by);
+        if (status) status[i] = s;
+        if (bytes) bytes[i] = by;
+        any_terminal = any_terminal || is_terminal(s);
+    }
+    if (any_terminal) maybe_send_batch_notify(*b);
+    return n;
+}
+
+void TransferEngine::free_batch(uint64_t batch_id) {
+    bool found = false;
+    if (batches_.erase_if_idle(batch_id, found)) return;
+    if (!found) throw StatusError(kStatusInvalidArgument, "unknown batch id " + std::to_string(batch_id));
+    throw StatusError(kStatusBatchBusy,
+                      "batch " + std::to_string(batch_id) +
+                          " still has tasks that were not seen COMPLETED or FAILED");
+}
+
+std::vector<Notification> TransferEngine::drain_notifications() { return notifies_.drain(); }
+
+void TransferEngine::send_notify(int32_t segment_id, const std::string &name,
+                                 const std::string &msg) {
+    std::string target_name;
+    if (segment_id == LOCAL_SEGMENT) {
+        target_name = segment_name_;
+    } else {
+        auto d = segments_.get(segment_id);
+        if (!d) throw Error(kErrMetadata, "unknown segment id " + std::to_string(segment_id));
+        target_name = d->name;  // upstream addresses notifies by the descriptor's name
+    }
+    HostPort hp = parse_host_port(target_name);
+    Json body = Json::object();
+    body.set("name", name);
+    body.set("notify_msg", msg);
+    Json r = handshake_request(hp.host, hp.port, kHsNotify, body, client_options(cfg_));
+    if (json_string_or(r, "notify_msg", "").empty())
+        throw Error(kErrMetadata, "segment '" + target_name + "' refused the notify");
+}
+
+}  // namespace mcrs

@@ -1,0 +1,108 @@
+// The engine: one local segment (registered memory served to peers), the
+// handshake listener, the installed transports, remote segments and batches.
+// Every public method is safe to call from many threads at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/batch.h"
+#include "engine/config.h"
+#include "engine/memory_registry.h"
+#include "engine/notify_queue.h"
+#include "engine/segment_cache.h"
+
+struct transfer_request;  // from transfer_engine_c.h
+
+namespace mcrs {
+
+class HandshakeServer;
+class TcpServer;
+class TcpClient;
+
+class TransferEngine {
+public:
+    // Binds the handshake listener and installs the configured transports.
+    // Throws Error on failure.
+    explicit TransferEngine(EngineConfig cfg);
+    ~TransferEngine();
+    TransferEngine(const TransferEngine &) = delete;
+    TransferEngine &operator=(const TransferEngine &) = delete;
+
+    const EngineConfig &config() const { return cfg_; }
+    const std::string &segment_name() const { return segment_name_; }
+    const std::string &local_host() const { return local_host_; }
+    uint16_t rpc_port() const { return rpc_port_; }
+    uint16_t tcp_data_port() const { return tcp_port_; }
+
+    // Installs "tcp" (other protocols: kErrNotImplemented). Idempotent.
+    void install_transport(const std::string &proto);
+    bool has_tcp() const { return tcp_installed_.load(); }
+
+    // Memory.
+    void register_memory(void *addr, size_t len, const std::string &location, bool remote);
+    void register_memory_batch(const std::vector<RegionInfo> &regions);
+    void unregister_memory(void *addr);
+
+    // Segments.
+    int32_t open_segment(const std::string &name, bool no_cache);
+    void close_segment(int32_t id);
+    void remove_cached_segment(const std::string &name);
+    std::pair<int, std::string> sync_segment_cache();
+    std::shared_ptr<const SegmentDesc> segment_desc(int32_t id) const;
+    // Sends a probe to the owner of `id`. Throws Error.
+    void probe_segment(int32_t id);
+
+    // Batches. Submit/status/free throw StatusError with upstream's codes.
+    uint64_t allocate_batch(size_t capacity);
+    void submit(uint64_t batch_id, const transfer_request *reqs, size_t n,
+                const PendingNotify *notify);
+    int task_status(uint64_t batch_id, size_t task, uint64_t *bytes);
+    std::string task_error(uint64_t batch_id, size_t task);
+    // Waits for every submitted task; returns true when all are terminal.
+    bool wait_batch(uint64_t batch_id, int64_t timeout_ms);
+    // Copies up to `cap` statuses, marks terminal ones observed; returns the
+    // task count.
+    size_t batch_statuses(uint64_t batch_id, int *status, uint64_t *bytes, size_t cap);
+    void free_batch(uint64_t batch_id);
+
+    // Notifications.
+    std::vector<Notification> drain_notifications();
+    void send_notify(int32_t segment_id, const std::string &name, const std::string &msg);
+
+    void enable_graceful_shutdown() { graceful_.store(true); }
+
+    // Our own descriptor, as served to peers.
+    SegmentDesc local_descriptor() const;
+
+private:
+    bool handle_handshake(uint8_t type, const Json &req, Json &reply);
+    SegmentDesc fetch_descriptor(const std::string &name);
+    std::shared_ptr<Batch> batch_or_throw(uint64_t id) const;
+    void maybe_send_batch_notify(Batch &b);
+    void run_local(std::vector<struct TransferItem> &items);
+
+    EngineConfig cfg_;
+    std::string local_host_;
+    std::string segment_name_;
+    uint16_t rpc_port_ = 0;
+    uint16_t tcp_port_ = 0;
+
+    MemoryRegistry registry_;
+    NotifyQueue notifies_;
+    SegmentCache segments_;
+    BatchTable batches_;
+
+    std::mutex install_mu_;
+    std::atomic<bool> tcp_installed_{false};
+    std::atomic<bool> graceful_{false};
+    std::unique_ptr<TcpServer> tcp_server_;
+    std::unique_ptr<TcpClient> tcp_client_;
+    std::unique_ptr<HandshakeServer> handshake_;
+};
+
+}  // namespace mcrs

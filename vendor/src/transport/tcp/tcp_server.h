@@ -1,0 +1,57 @@
+// The TCP data server: serves peers' READ and WRITE requests straight from
+// and into registered memory. Each request must lie inside one registered,
+// remote-accessible buffer (upstream issue #2313 let any peer read or write
+// anything); the buffer stays pinned while its bytes move. Idle connections
+// are kept open indefinitely, as upstream clients require.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "common/socket.h"
+#include "engine/memory_registry.h"
+
+namespace mcrs {
+
+struct TcpServerOptions {
+    uint32_t progress_timeout_ms = 30000;
+    uint32_t max_connections = 1024;
+};
+
+class TcpServer {
+public:
+    TcpServer(Fd listener, const MemoryRegistry &registry, TcpServerOptions opt);
+    ~TcpServer();
+    TcpServer(const TcpServer &) = delete;
+    TcpServer &operator=(const TcpServer &) = delete;
+
+    void start();
+    void stop();
+    uint64_t rejected_requests() const { return rejected_.load(); }
+
+private:
+    struct Session {
+        Fd fd;
+        std::thread thread;
+        std::atomic<bool> done{false};
+    };
+    void accept_loop();
+    void serve(Session *s);
+    void reap_finished();  // caller holds mu_
+
+    Fd listener_;
+    const MemoryRegistry &registry_;
+    TcpServerOptions opt_;
+    WakePipe wake_;
+    std::thread acceptor_;
+    std::atomic<bool> stopping_{false};
+    std::mutex mu_;
+    std::list<std::unique_ptr<Session>> sessions_;
+    std::atomic<uint64_t> rejected_{0};
+};
+
+}  // namespace mcrs

@@ -1,0 +1,44 @@
+#include <cstring>
+#include <exception>
+
+#include "test_util.h"
+
+namespace mctest {
+
+std::vector<Case> &registry() {
+    static std::vector<Case> r;
+    return r;
+}
+
+namespace {
+int g_failures = 0;
+}
+
+void record_failure(const char *file, int line, const std::string &what) {
+    ++g_failures;
+    std::fprintf(stderr, "    FAILED %s:%d: %s\n", file, line, what.c_str());
+}
+
+}  // namespace mctest
+
+int main(int argc, char **argv) {
+    const char *filter = argc > 1 ? argv[1] : nullptr;
+    int failed_cases = 0, ran = 0;
+    for (const auto &c : mctest::registry()) {
+        if (filter && !std::strstr(c.name, filter)) continue;
+        ++ran;
+        int before = mctest::g_failures;
+        std::fprintf(stderr, "[ RUN  ] %s\n", c.name);
+        try {
+            c.fn();
+        } catch (const mctest::Abort &) {
+        } catch (const std::exception &e) {
+            mctest::record_failure(__FILE__, __LINE__, std::string("exception: ") + e.what());
+        }
+        bool ok = mctest::g_failures == before;
+        if (!ok) ++failed_cases;
+        std::fprintf(stderr, "[ %s ] %s\n", ok ? " OK " : "FAIL", c.name);
+    }
+    std::fprintf(stderr, "%d test(s), %d failed\n", ran, failed_cases);
+    return failed_cases == 0 ? 0 : 1;
+}
