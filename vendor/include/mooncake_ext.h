@@ -45,6 +45,7 @@ extern "C" {
 #define MC_ERR_SHUTDOWN (-1002)
 #define MC_ERR_BUFFER_TOO_SMALL (-1003)
 #define MC_ERR_INTERNAL (-1004)
+#define MC_ERR_TRANSFER_FAILED (-1005)
 
 /* Positive status codes returned by submit/status/free calls. */
 #define MC_STATUS_OK (0)
@@ -139,6 +140,11 @@ int mc_segment_protocol(transfer_engine_t engine, segment_id_t segment_id, char 
                         size_t len);
 /* Handshake probe (message type 3) to the owner of an opened segment. */
 int mc_segment_probe(transfer_engine_t engine, segment_id_t segment_id);
+
+/* Waits until no transfer (ours or a peer's) touches the registered buffer
+ * that starts at `addr`. timeout_ms < 0 waits forever. 0 when idle,
+ * MC_ERR_TIMEOUT on timeout, ERR_ADDRESS_NOT_REGISTERED if unknown. */
+int mc_wait_region_idle(transfer_engine_t engine, void *addr, int64_t timeout_ms);
 
 /* Waits until every task submitted to the batch so far is terminal.
  * timeout_ms < 0 waits forever. 0 when done, MC_ERR_TIMEOUT otherwise.

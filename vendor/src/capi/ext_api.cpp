@@ -151,6 +151,15 @@ int mc_segment_probe(transfer_engine_t engine, segment_id_t segment_id) {
     });
 }
 
+int mc_wait_region_idle(transfer_engine_t engine, void *addr, int64_t timeout_ms) {
+    return guard_errcode("mc_wait_region_idle", [&] {
+        if (!engine_of(engine, "mc_wait_region_idle")->wait_region_idle(addr, timeout_ms))
+            throw Error(kErrTimeout, "transfers still touch the buffer after " +
+                                         std::to_string(timeout_ms) + " ms");
+        return 0;
+    });
+}
+
 int mc_batch_wait(transfer_engine_t engine, batch_id_t batch_id, int64_t timeout_ms) {
     return guard_errcode("mc_batch_wait", [&] {
         if (!engine_of(engine, "mc_batch_wait")->wait_batch(batch_id, timeout_ms))

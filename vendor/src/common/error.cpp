@@ -9,7 +9,8 @@ int status_from_error(int err) noexcept {
         case kErrTimeout:
         case kErrShutdown:
         case kErrBufferTooSmall:
-        case kErrInternal: return kStatusInvalidArgument;
+        case kErrInternal:
+        case kErrTransferFailed: return kStatusInvalidArgument;
         default: return err < 0 ? -err : err;
     }
 }
@@ -47,6 +48,7 @@ const char *error_name(int code) noexcept {
         case kErrShutdown: return "MC_ERR_SHUTDOWN";
         case kErrBufferTooSmall: return "MC_ERR_BUFFER_TOO_SMALL";
         case kErrInternal: return "MC_ERR_INTERNAL";
+        case kErrTransferFailed: return "MC_ERR_TRANSFER_FAILED";
         case kStatusInvalidArgument: return "STATUS_INVALID_ARGUMENT";
         case kStatusTooManyRequests: return "STATUS_TOO_MANY_REQUESTS";
         case kStatusAddressNotRegistered: return "STATUS_ADDRESS_NOT_REGISTERED";

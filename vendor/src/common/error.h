@@ -33,6 +33,7 @@ enum ErrorCode : int {
     kErrShutdown = -1002,
     kErrBufferTooSmall = -1003,
     kErrInternal = -1004,
+    kErrTransferFailed = -1005,  // a transfer ended FAILED (bindings report it)
 };
 
 // Positive Status::Code values returned by submit/status/free calls.

@@ -189,6 +189,24 @@ RegionPin MemoryRegistry::pin(uint64_t addr, uint64_t len, bool need_remote) con
     return RegionPin(r);
 }
 
+bool MemoryRegistry::wait_idle(uint64_t addr, int64_t timeout_ms) const {
+    std::shared_ptr<Region> r;
+    {
+        std::shared_lock<std::shared_mutex> g(mu_);
+        auto it = by_addr_.find(addr);
+        if (it == by_addr_.end())
+            throw Error(kErrAddressNotRegistered, "no registered buffer starts at " + hex(addr));
+        r = it->second;
+    }
+    std::unique_lock<std::mutex> g(r->mu);
+    auto idle = [&] { return r->pins == 0; };
+    if (timeout_ms < 0) {
+        r->cv.wait(g, idle);
+        return true;
+    }
+    return r->cv.wait_for(g, std::chrono::milliseconds(timeout_ms), idle);
+}
+
 std::vector<RegionInfo> MemoryRegistry::snapshot(bool remote_only) const {
     std::shared_lock<std::shared_mutex> g(mu_);
     std::vector<RegionInfo> out;

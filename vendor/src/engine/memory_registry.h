@@ -75,6 +75,11 @@ public:
     // pin. `need_remote` restricts the search to remote-accessible regions.
     RegionPin pin(uint64_t addr, uint64_t len, bool need_remote) const;
 
+    // Waits until no transfer pins the region that starts at `addr`
+    // (timeout_ms < 0: forever). Throws kErrAddressNotRegistered; returns
+    // false on timeout.
+    bool wait_idle(uint64_t addr, int64_t timeout_ms) const;
+
     std::vector<RegionInfo> snapshot(bool remote_only) const;
     uint64_t generation() const;
     size_t size() const;

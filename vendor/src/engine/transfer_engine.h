@@ -47,6 +47,9 @@ public:
     void register_memory(void *addr, size_t len, const std::string &location, bool remote);
     void register_memory_batch(const std::vector<RegionInfo> &regions);
     void unregister_memory(void *addr);
+    bool wait_region_idle(void *addr, int64_t timeout_ms) const {
+        return registry_.wait_idle(reinterpret_cast<uint64_t>(addr), timeout_ms);
+    }
 
     // Segments.
     int32_t open_segment(const std::string &name, bool no_cache);

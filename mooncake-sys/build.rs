@@ -1,0 +1,126 @@
+//! Builds the vendored C++ engine with the `cc` crate (a C++17 compiler and
+//! pthreads are all it needs: no cmake, no libclang) and links it statically.
+//!
+//! Environment (each read once, logged, and tracked for rebuilds):
+//! - `MOONCAKE_VENDOR_DIR`: engine sources (default: `../vendor`).
+//! - `MOONCAKE_SYS_WERROR=1`: treat C++ warnings as errors (CI sets it).
+//! - `MOONCAKE_SYS_OPT_LEVEL`: optimisation of the engine (default 2, even in
+//!   debug builds, so tests exercise a realistically fast engine).
+use std::path::{Path, PathBuf};
+
+/// Reads an environment variable, logs it and asks cargo to rerun when it
+/// changes.
+fn env(name: &str) -> Option<String> {
+    println!("cargo:rerun-if-env-changed={name}");
+    let v = std::env::var(name).ok();
+    eprintln!("mooncake-sys: {name} = {v:?}");
+    v
+}
+
+fn collect_sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("mooncake-sys: cannot read {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("mooncake-sys: directory entry").path();
+        if path.is_dir() {
+            collect_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "cpp") {
+            out.push(path);
+        }
+    }
+}
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let vendor = env("MOONCAKE_VENDOR_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| manifest.join("..").join("vendor"));
+    let include = vendor.join("include");
+    let src = vendor.join("src");
+    if !include.join("transfer_engine_c.h").is_file() || !src.is_dir() {
+        panic!(
+            "mooncake-sys: the engine sources were not found at {}.\n\
+             Build from the mooncake-rs workspace, or set MOONCAKE_VENDOR_DIR to the \
+             directory that holds include/transfer_engine_c.h and src/.",
+            vendor.display()
+        );
+    }
+    println!("cargo:rerun-if-changed={}", include.display());
+    println!("cargo:rerun-if-changed={}", src.display());
+
+    let mut sources = Vec::new();
+    collect_sources(&src, &mut sources);
+    sources.sort();
+    for s in &sources {
+        println!("cargo:rerun-if-changed={}", s.display());
+    }
+
+    let target_os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    if target_os != "linux" {
+        panic!("mooncake-sys: the engine supports Linux only (target os: {target_os})");
+    }
+
+    let opt = env("MOONCAKE_SYS_OPT_LEVEL").unwrap_or_else(|| "2".into());
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .std("c++17")
+        .include(&include)
+        .include(&src)
+        .files(&sources)
+        .opt_level_str(&opt)
+        .flag("-pthread")
+        .flag_if_supported("-fvisibility=hidden")
+        .warnings(true)
+        .extra_warnings(true)
+        .flag_if_supported("-Wno-missing-field-initializers");
+    if env("MOONCAKE_SYS_WERROR").as_deref() == Some("1") {
+        build.warnings_into_errors(true);
+    }
+    build.compile("mooncake_engine");
+    println!("cargo:rustc-link-lib=pthread");
+
+    // Metadata for dependents (DEP_MOONCAKE_ENGINE_*).
+    println!("cargo:include={}", include.display());
+    let version = engine_version(&include);
+    println!("cargo:version={version}");
+    println!("cargo:rustc-env=MOONCAKE_ENGINE_VERSION={version}");
+
+    #[cfg(feature = "bindgen")]
+    generate_bindings(&include);
+}
+
+/// Reads MC_ENGINE_VERSION from the extension header.
+fn engine_version(include: &Path) -> String {
+    let header = std::fs::read_to_string(include.join("mooncake_ext.h")).expect("mooncake_ext.h");
+    header
+        .lines()
+        .find_map(|l| l.strip_prefix("#define MC_ENGINE_VERSION "))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .expect("MC_ENGINE_VERSION in mooncake_ext.h")
+}
+
+#[cfg(feature = "bindgen")]
+fn generate_bindings(include: &Path) {
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("bindings.rs");
+    let bindings = bindgen::Builder::default()
+        .header(include.join("mooncake_ext.h").to_string_lossy())
+        .clang_arg(format!("-I{}", include.display()))
+        .allowlist_file(".*/transfer_engine_c\\.h")
+        .allowlist_file(".*/mooncake_ext\\.h")
+        .use_core()
+        .layout_tests(true)
+        .derive_default(true)
+        .generate_comments(false)
+        .merge_extern_blocks(true)
+        .sort_semantically(true)
+        .generate()
+        .unwrap_or_else(|e| {
+            panic!(
+                "mooncake-sys: bindgen failed ({e}). The `bindgen` feature needs libclang \
+                 (Debian: apt-get install libclang-dev); without the feature the committed \
+                 bindings are used."
+            )
+        });
+    bindings.write_to_file(&out).expect("write bindings");
+}

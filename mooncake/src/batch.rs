@@ -1,0 +1,344 @@
+//! Batches of transfers.
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooncake_sys as sys;
+
+use crate::engine::EngineShared;
+use crate::error::{Error, Result};
+use crate::ffi::{OwnedCString, RequestBuf};
+use crate::memory::LocalMemory;
+use crate::segment::RemoteSegment;
+
+/// The status of one request, decoded from the engine's integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TaskStatus {
+    /// In flight.
+    Waiting,
+    /// Pending (not produced by the TCP transport).
+    Pending,
+    /// Invalid.
+    Invalid,
+    /// Canceled.
+    Canceled,
+    /// Done: every byte moved.
+    Completed,
+    /// Timed out.
+    Timeout,
+    /// Failed; see the batch's error for why.
+    Failed,
+    /// A value this crate does not know.
+    Unknown(i32),
+}
+
+impl TaskStatus {
+    /// Decodes the engine's `STATUS_*` value.
+    pub fn from_raw(v: i32) -> Self {
+        match v {
+            0 => Self::Waiting,
+            1 => Self::Pending,
+            2 => Self::Invalid,
+            3 => Self::Canceled,
+            4 => Self::Completed,
+            5 => Self::Timeout,
+            6 => Self::Failed,
+            other => Self::Unknown(other),
+        }
+    }
+
+    /// Whether the request has finished, one way or another.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Timeout | Self::Canceled
+        )
+    }
+}
+
+/// Direction of a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opcode {
+    /// Remote → local.
+    Read,
+    /// Local → remote.
+    Write,
+}
+
+/// A batch of transfers.
+///
+/// Queue requests with [`read`](Self::read) and [`write`](Self::write),
+/// hand them to the engine with [`submit`](Self::submit) (one call, no copy:
+/// the queued requests already have the C layout), and wait with
+/// [`wait`](Self::wait). A batch borrows (`'r`) the local memory its
+/// requests use, so that memory outlives it.
+///
+/// The batch id never leaves this type, so it cannot be forged or used after
+/// the batch is freed. Dropping a batch with transfers in flight waits for
+/// them (every transfer ends within the engine's timeouts), then frees it. A
+/// wait that times out returns [`Error::Timeout`] and leaves the batch with
+/// you, still in flight.
+pub struct Batch<'r> {
+    engine: Arc<EngineShared>,
+    id: u64,
+    capacity: usize,
+    queued: RequestBuf,
+    submitted: usize,
+    statuses: Vec<sys::transfer_status>,
+    _borrows: PhantomData<&'r ()>,
+}
+
+impl std::fmt::Debug for Batch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("capacity", &self.capacity)
+            .field("queued", &self.queued.0.len())
+            .field("submitted", &self.submitted)
+            .finish()
+    }
+}
+
+impl<'r> Batch<'r> {
+    pub(crate) fn new(engine: Arc<EngineShared>, capacity: usize) -> Result<Self> {
+        let id = engine.raw.allocate_batch(capacity)?;
+        Ok(Self {
+            engine,
+            id,
+            capacity,
+            // Both buffers are sized once here: queuing, submitting and
+            // waiting allocate nothing.
+            queued: RequestBuf(Vec::with_capacity(capacity)),
+            submitted: 0,
+            statuses: vec![sys::transfer_status::default(); capacity],
+            _borrows: PhantomData,
+        })
+    }
+
+    /// Requests this batch can hold in all.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Requests handed to the engine so far.
+    pub fn submitted(&self) -> usize {
+        self.submitted
+    }
+
+    /// Requests queued but not yet submitted.
+    pub fn queued(&self) -> usize {
+        self.queued.0.len()
+    }
+
+    /// Queues a READ of `len` bytes at `remote_addr` of `segment` into
+    /// `local[local_offset..]`.
+    pub fn read<L: LocalMemory + ?Sized>(
+        &mut self,
+        local: &'r L,
+        local_offset: usize,
+        segment: &RemoteSegment,
+        remote_addr: u64,
+        len: usize,
+    ) -> Result<()> {
+        self.push(Opcode::Read, local, local_offset, segment, remote_addr, len)
+    }
+
+    /// Queues a WRITE of `local[local_offset..local_offset + len]` to
+    /// `remote_addr` of `segment`.
+    pub fn write<L: LocalMemory + ?Sized>(
+        &mut self,
+        local: &'r L,
+        local_offset: usize,
+        segment: &RemoteSegment,
+        remote_addr: u64,
+        len: usize,
+    ) -> Result<()> {
+        self.push(
+            Opcode::Write,
+            local,
+            local_offset,
+            segment,
+            remote_addr,
+            len,
+        )
+    }
+
+    fn push<L: LocalMemory + ?Sized>(
+        &mut self,
+        op: Opcode,
+        local: &'r L,
+        local_offset: usize,
+        segment: &RemoteSegment,
+        remote_addr: u64,
+        len: usize,
+    ) -> Result<()> {
+        let region = sealed_region(local);
+        if !Arc::ptr_eq(region.engine(), &self.engine) {
+            return Err(Error::InvalidArgument(
+                "local memory is registered with another engine".into(),
+            ));
+        }
+        if !Arc::ptr_eq(&segment.engine, &self.engine) {
+            return Err(Error::InvalidArgument(format!(
+                "segment {} was opened by another engine",
+                segment.name()
+            )));
+        }
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "a transfer needs at least one byte".into(),
+            ));
+        }
+        if local_offset
+            .checked_add(len)
+            .is_none_or(|end| end > local.len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "local range of {len} bytes at offset {local_offset} exceeds the registered {} bytes",
+                local.len()
+            )));
+        }
+        if remote_addr.checked_add(len as u64).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "remote range of {len} bytes at {remote_addr:#x} wraps around"
+            )));
+        }
+        if self.submitted + self.queued.0.len() >= self.capacity {
+            return Err(Error::Engine {
+                code: crate::ErrorCode::TooManyRequests,
+                message: format!("the batch is full ({} requests)", self.capacity),
+            });
+        }
+        self.queued.0.push(sys::transfer_request {
+            opcode: match op {
+                Opcode::Read => sys::OPCODE_READ as i32,
+                Opcode::Write => sys::OPCODE_WRITE as i32,
+            },
+            source: region.ptr().wrapping_add(local_offset).cast(),
+            target_id: segment.id,
+            target_offset: remote_addr,
+            length: len as u64,
+        });
+        Ok(())
+    }
+
+    /// Hands every queued request to the engine.
+    pub fn submit(&mut self) -> Result<()> {
+        self.submit_inner(None)
+    }
+
+    /// Like [`submit`](Self::submit), and once every request of the batch
+    /// has completed, the engine sends `(name, message)` to the segment of
+    /// the first queued request (upstream's `submitTransferWithNotify`).
+    pub fn submit_with_notify(&mut self, name: &str, message: &str) -> Result<()> {
+        let n = OwnedCString::new("notification name", name)?;
+        let m = OwnedCString::new("notification message", message)?;
+        self.submit_inner(Some((&n, &m)))
+    }
+
+    fn submit_inner(&mut self, notify: Option<(&OwnedCString, &OwnedCString)>) -> Result<()> {
+        if self.queued.0.is_empty() {
+            return if notify.is_some() {
+                Err(Error::InvalidArgument(
+                    "a notify needs at least one queued request".into(),
+                ))
+            } else {
+                Ok(())
+            };
+        }
+        let n = self.queued.0.len();
+        // On failure nothing was submitted: the engine validates every
+        // request before it accepts any.
+        self.engine
+            .raw
+            .submit(self.id, &mut self.queued.0, notify)?;
+        self.submitted += n;
+        self.queued.0.clear();
+        Ok(())
+    }
+
+    /// Waits for every submitted request. `timeout` None waits until the
+    /// engine finishes them (bounded by its progress timeouts).
+    ///
+    /// Returns [`Error::Transfer`] when some failed (with the first reason),
+    /// [`Error::Timeout`] when the time ran out: the batch is then still in
+    /// flight and still yours.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<()> {
+        if self.submitted == 0 {
+            return Ok(());
+        }
+        if !self.engine.raw.wait_batch(self.id, timeout)? {
+            return Err(Error::Timeout(timeout.unwrap_or_default()));
+        }
+        let total = self.engine.raw.batch_status(self.id, &mut self.statuses)?;
+        let total = total.min(self.statuses.len());
+        let mut failed = 0usize;
+        let mut first = None;
+        for (i, st) in self.statuses[..total].iter().enumerate() {
+            if TaskStatus::from_raw(st.status) != TaskStatus::Completed {
+                failed += 1;
+                first.get_or_insert(i);
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(task) => {
+                let message = self
+                    .engine
+                    .raw
+                    .transfer_error(self.id, task)
+                    .unwrap_or_else(|e| format!("(reason unavailable: {e})"));
+                Err(Error::Transfer {
+                    failed,
+                    total,
+                    first_task: task,
+                    message,
+                })
+            }
+        }
+    }
+
+    /// Status of request `index` (in submission order) as of now.
+    pub fn status(&mut self, index: usize) -> Result<TaskStatus> {
+        if index >= self.submitted {
+            return Err(Error::InvalidArgument(format!(
+                "request {index} does not exist ({} submitted)",
+                self.submitted
+            )));
+        }
+        self.engine
+            .raw
+            .batch_status(self.id, &mut self.statuses[..=index])?;
+        Ok(TaskStatus::from_raw(self.statuses[index].status))
+    }
+
+    /// Bytes moved by request `index` (0 unless it completed).
+    pub fn transferred_bytes(&mut self, index: usize) -> Result<u64> {
+        self.status(index)?;
+        Ok(self.statuses[index].transferred_bytes)
+    }
+
+    /// Why request `index` failed (empty if it did not).
+    pub fn error_of(&self, index: usize) -> Result<String> {
+        self.engine.raw.transfer_error(self.id, index)
+    }
+}
+
+fn sealed_region<L: LocalMemory + ?Sized>(l: &L) -> &crate::ffi::RegisteredRegion {
+    crate::memory::region_of(l)
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if self.submitted > 0 {
+            // Transfers may still read or write the borrowed memory: wait
+            // for them before the borrows end.
+            if let Err(e) = self.engine.raw.wait_batch(self.id, None) {
+                tracing::error!(target: "mooncake", error = %e, "waiting for a dropped batch failed");
+            }
+            let _ = self.engine.raw.batch_status(self.id, &mut self.statuses);
+        }
+        if let Err(e) = self.engine.raw.free_batch(self.id) {
+            tracing::error!(target: "mooncake", error = %e, "freeing a batch failed");
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Engine configuration: the builder and its option types.
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use mooncake_sys as sys;
+
+use crate::engine::{Engine, EngineShared};
+use crate::error::{Error, Result};
+use crate::ffi::{self, OwnedCString};
+
+/// Where peers find segment descriptors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Metadata {
+    /// No metadata server: descriptors are fetched from their owner over the
+    /// handshake port (upstream's `P2PHANDSHAKE`). Segment names are
+    /// `"<host>:<handshake port>"`.
+    P2pHandshake,
+}
+
+/// The transport used for data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// TCP, wire-compatible with upstream Mooncake's TCP transport.
+    Tcp,
+}
+
+/// Framing spoken by the TCP initiator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpVersion {
+    /// Acknowledged framing (status frames); used when the peer advertises it.
+    V2,
+    /// Legacy framing: WRITEs complete when sent, rejections are silent
+    /// (upstream's `MC_TCP_PROTO=1`).
+    V1,
+}
+
+/// Builds an [`Engine`]. Defaults follow upstream Mooncake (and its `MC_*`
+/// environment variables), except that listeners bind to the local host
+/// rather than to every interface.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct EngineBuilder {
+    metadata: Metadata,
+    local_host: String,
+    bind_address: Option<String>,
+    protocol: Protocol,
+    rpc_port: u16,
+    tcp_data_port: u16,
+    port_range: Option<RangeInclusive<u16>>,
+    handshake_connect_timeout: Option<Duration>,
+    handshake_timeout: Option<Duration>,
+    tcp_connect_timeout: Option<Duration>,
+    tcp_progress_timeout: Option<Duration>,
+    tcp_lanes_per_peer: Option<u32>,
+    tcp_pipeline_depth: Option<u32>,
+    tcp_version: Option<TcpVersion>,
+    metadata_cache: Option<bool>,
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        Self {
+            metadata: Metadata::P2pHandshake,
+            local_host: "127.0.0.1".into(),
+            bind_address: None,
+            protocol: Protocol::Tcp,
+            rpc_port: 0,
+            tcp_data_port: 0,
+            port_range: None,
+            handshake_connect_timeout: None,
+            handshake_timeout: None,
+            tcp_connect_timeout: None,
+            tcp_progress_timeout: None,
+            tcp_lanes_per_peer: None,
+            tcp_pipeline_depth: None,
+            tcp_version: None,
+            metadata_cache: None,
+        }
+    }
+}
+
+fn millis(what: &str, d: Duration) -> Result<u32> {
+    let ms = d.as_millis();
+    if ms == 0 || ms > u128::from(u32::MAX) {
+        return Err(Error::InvalidArgument(format!(
+            "{what} of {d:?} is not in 1 ms..{} ms",
+            u32::MAX
+        )));
+    }
+    Ok(ms as u32)
+}
+
+impl EngineBuilder {
+    /// How descriptors are found (default [`Metadata::P2pHandshake`]).
+    pub fn metadata(mut self, m: Metadata) -> Self {
+        self.metadata = m;
+        self
+    }
+
+    /// The host (IP or name) peers use to reach this engine; it becomes the
+    /// host part of the segment name (default `127.0.0.1`).
+    pub fn local_host(mut self, host: impl Into<String>) -> Self {
+        self.local_host = host.into();
+        self
+    }
+
+    /// The address the listeners bind to. Default: the local host when it
+    /// is a numeric address, else every interface (upstream always binds
+    /// every interface). `"::"` or `"0.0.0.0"` bind every interface.
+    pub fn bind_address(mut self, addr: impl Into<String>) -> Self {
+        self.bind_address = Some(addr.into());
+        self
+    }
+
+    /// The data transport (default [`Protocol::Tcp`]).
+    pub fn protocol(mut self, p: Protocol) -> Self {
+        self.protocol = p;
+        self
+    }
+
+    /// A fixed handshake port (default: random in the port range).
+    pub fn rpc_port(mut self, port: u16) -> Self {
+        self.rpc_port = port;
+        self
+    }
+
+    /// A fixed TCP data port (default: random in the port range).
+    pub fn tcp_data_port(mut self, port: u16) -> Self {
+        self.tcp_data_port = port;
+        self
+    }
+
+    /// Range for random ports (default 15000..=17000, or
+    /// `MC_MIN_RPC_PORT`..=`MC_MAX_RPC_PORT`).
+    pub fn port_range(mut self, r: RangeInclusive<u16>) -> Self {
+        self.port_range = Some(r);
+        self
+    }
+
+    /// Connect timeout of handshake requests (default 5 s).
+    pub fn handshake_connect_timeout(mut self, d: Duration) -> Self {
+        self.handshake_connect_timeout = Some(d);
+        self
+    }
+
+    /// Bound on a whole handshake exchange, both as client and as server
+    /// (default 10 s).
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.handshake_timeout = Some(d);
+        self
+    }
+
+    /// Connect timeout of TCP data connections (default 5 s).
+    pub fn tcp_connect_timeout(mut self, d: Duration) -> Self {
+        self.tcp_connect_timeout = Some(d);
+        self
+    }
+
+    /// A TCP transfer that makes no progress for this long fails (default
+    /// 30 s, or `MC_TCP_PROGRESS_TIMEOUT_SEC`).
+    pub fn tcp_progress_timeout(mut self, d: Duration) -> Self {
+        self.tcp_progress_timeout = Some(d);
+        self
+    }
+
+    /// Persistent connections per peer (default 4, or
+    /// `MC_TCP_LANES_PER_PEER`).
+    pub fn tcp_lanes_per_peer(mut self, n: u32) -> Self {
+        self.tcp_lanes_per_peer = Some(n);
+        self
+    }
+
+    /// Requests in flight per connection (default 64).
+    pub fn tcp_pipeline_depth(mut self, n: u32) -> Self {
+        self.tcp_pipeline_depth = Some(n);
+        self
+    }
+
+    /// TCP framing as initiator (default [`TcpVersion::V2`], or V1 with
+    /// `MC_TCP_PROTO=1`).
+    pub fn tcp_version(mut self, v: TcpVersion) -> Self {
+        self.tcp_version = Some(v);
+        self
+    }
+
+    /// Cache remote descriptors (default true; `MC_DISABLE_METACACHE`
+    /// turns it off).
+    pub fn metadata_cache(mut self, on: bool) -> Self {
+        self.metadata_cache = Some(on);
+        self
+    }
+
+    /// Starts the engine: binds its listeners and installs the transport.
+    pub fn build(self) -> Result<Engine> {
+        ffi::install_log_sink();
+        let mut cfg = ffi::RawEngine::default_config()?;
+        let conn = match self.metadata {
+            Metadata::P2pHandshake => OwnedCString::new("metadata", "P2PHANDSHAKE")?,
+        };
+        if self.local_host.is_empty() {
+            return Err(Error::InvalidArgument("local_host is empty".into()));
+        }
+        let host = OwnedCString::new("local_host", &self.local_host)?;
+        let bind = match &self.bind_address {
+            Some(b) => b.clone(),
+            None if self.local_host.parse::<std::net::IpAddr>().is_ok() => self.local_host.clone(),
+            None => String::new(),
+        };
+        let bind = OwnedCString::new("bind_address", &bind)?;
+        cfg.metadata_conn_string = conn.as_ptr();
+        cfg.local_server_name = host.as_ptr();
+        cfg.bind_address = bind.as_ptr();
+        cfg.protocols = match self.protocol {
+            Protocol::Tcp => sys::MC_PROTOCOL_TCP,
+        };
+        cfg.rpc_port = self.rpc_port;
+        cfg.tcp_data_port = self.tcp_data_port;
+        if let Some(r) = &self.port_range {
+            if *r.start() == 0 || r.start() > r.end() {
+                return Err(Error::InvalidArgument(format!(
+                    "port range {r:?} is empty or starts at 0"
+                )));
+            }
+            cfg.port_min = *r.start();
+            cfg.port_max = *r.end();
+        }
+        if let Some(d) = self.handshake_connect_timeout {
+            cfg.handshake_connect_timeout_ms = millis("handshake_connect_timeout", d)?;
+        }
+        if let Some(d) = self.handshake_timeout {
+            cfg.handshake_timeout_ms = millis("handshake_timeout", d)?;
+        }
+        if let Some(d) = self.tcp_connect_timeout {
+            cfg.tcp_connect_timeout_ms = millis("tcp_connect_timeout", d)?;
+        }
+        if let Some(d) = self.tcp_progress_timeout {
+            cfg.tcp_progress_timeout_ms = millis("tcp_progress_timeout", d)?;
+        }
+        if let Some(n) = self.tcp_lanes_per_peer {
+            cfg.tcp_lanes_per_peer = n;
+        }
+        if let Some(n) = self.tcp_pipeline_depth {
+            cfg.tcp_pipeline_depth = n;
+        }
+        if let Some(v) = self.tcp_version {
+            cfg.tcp_proto_version = match v {
+                TcpVersion::V2 => 2,
+                TcpVersion::V1 => 1,
+            };
+        }
+        if let Some(on) = self.metadata_cache {
+            cfg.metadata_cache = u32::from(on);
+        }
+        let raw = ffi::RawEngine::create(&cfg)?;
+        // The CStrings above outlive the call; the engine copied them.
+        Engine::from_shared(EngineShared::new(raw)?)
+    }
+}

@@ -1,0 +1,142 @@
+//! The engine handle.
+use std::sync::Arc;
+
+use crate::batch::Batch;
+use crate::config::EngineBuilder;
+use crate::error::Result;
+use crate::ffi::{self, OwnedCString, RawEngine};
+use crate::memory::{Access, RegisterableMemory, RegisteredSlice, Registration};
+use crate::notify::Notification;
+use crate::segment::RemoteSegment;
+
+/// State shared by an engine and every object made from it. Children hold
+/// an `Arc` of it, so the engine is destroyed only after the last
+/// registration, segment and batch is gone.
+pub(crate) struct EngineShared {
+    pub(crate) raw: RawEngine,
+    segment_name: String,
+    rpc_port: u16,
+    tcp_data_port: u16,
+}
+
+impl EngineShared {
+    pub(crate) fn new(raw: RawEngine) -> Result<Arc<Self>> {
+        let segment_name = raw.segment_name()?;
+        let (rpc_port, tcp_data_port) = raw.ports()?;
+        Ok(Arc::new(Self {
+            raw,
+            segment_name,
+            rpc_port,
+            tcp_data_port,
+        }))
+    }
+}
+
+/// A transfer engine: it owns one local segment (the memory registered with
+/// it, served to peers) and initiates transfers to remote segments.
+///
+/// `Engine` is `Send + Sync` and cheap to clone (an `Arc`): the engine
+/// behind it is built for concurrent use, every C entry point being
+/// internally synchronised, so any number of threads may register memory,
+/// submit and wait at once.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) shared: Arc<EngineShared>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("segment_name", &self.shared.segment_name)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// A builder with upstream's defaults.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    pub(crate) fn from_shared(shared: Arc<EngineShared>) -> Result<Self> {
+        tracing::debug!(target: "mooncake", segment = %shared.segment_name, "engine started");
+        Ok(Self { shared })
+    }
+
+    /// This engine's segment name, `"<host>:<handshake port>"`: what peers
+    /// pass to `open_segment`.
+    pub fn segment_name(&self) -> &str {
+        &self.shared.segment_name
+    }
+
+    /// The handshake (RPC) port.
+    pub fn rpc_port(&self) -> u16 {
+        self.shared.rpc_port
+    }
+
+    /// The TCP data port.
+    pub fn tcp_data_port(&self) -> u16 {
+        self.shared.tcp_data_port
+    }
+
+    /// The engine's version string.
+    pub fn version() -> &'static str {
+        ffi::engine_version()
+    }
+
+    /// Registers memory that the registration then owns; dropping the
+    /// registration unregisters it (waiting for in-flight transfers) before
+    /// the memory is freed. `location` is a topology hint such as `"cpu:0"`;
+    /// `"*"` detects it.
+    pub fn register<M: RegisterableMemory>(
+        &self,
+        memory: M,
+        location: &str,
+        access: Access,
+    ) -> Result<Registration<M>> {
+        Registration::new(self.shared.clone(), memory, location, access)
+    }
+
+    /// Registers a borrowed buffer for the duration of `f`. The buffer is
+    /// unregistered when `f` returns (or unwinds), after every transfer that
+    /// touches it has finished, so it can never be freed while registered.
+    pub fn with_registered<R>(
+        &self,
+        buffer: &mut [u8],
+        access: Access,
+        f: impl FnOnce(&RegisteredSlice<'_>) -> R,
+    ) -> Result<R> {
+        let reg = RegisteredSlice::new(self.shared.clone(), buffer, access)?;
+        Ok(f(&reg))
+    }
+
+    /// Opens a remote segment by name (P2P: `"<host>:<handshake port>"`),
+    /// fetching its descriptor unless it is cached.
+    pub fn open_segment(&self, name: &str) -> Result<RemoteSegment> {
+        RemoteSegment::open(self.shared.clone(), name, false)
+    }
+
+    /// Opens a remote segment, always fetching a fresh descriptor.
+    pub fn open_segment_fresh(&self, name: &str) -> Result<RemoteSegment> {
+        RemoteSegment::open(self.shared.clone(), name, true)
+    }
+
+    /// Re-fetches every cached remote descriptor.
+    pub fn refresh_segments(&self) -> Result<()> {
+        self.shared.raw.sync_segment_cache()
+    }
+
+    /// A new batch that can hold `capacity` requests.
+    pub fn batch<'r>(&self, capacity: usize) -> Result<Batch<'r>> {
+        Batch::new(self.shared.clone(), capacity)
+    }
+
+    /// Drains the notifications peers have sent to this engine.
+    pub fn notifications(&self) -> Result<Vec<Notification>> {
+        self.shared.raw.drain_notifications()
+    }
+
+    pub(crate) fn cstring(what: &str, s: &str) -> Result<OwnedCString> {
+        OwnedCString::new(what, s)
+    }
+}

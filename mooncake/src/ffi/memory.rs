@@ -1,0 +1,385 @@
+//! Page-aligned allocations and registered regions.
+use std::alloc::{self, Layout};
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::EngineShared;
+use crate::error::{Error, Result};
+use crate::memory::{Access, HostBuffer, RegisterableMemory};
+
+use super::engine::OwnedCString;
+
+/// The system page size.
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let p = unsafe { libc_sysconf_pagesize() };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+extern "C" {
+    #[link_name = "getpagesize"]
+    fn libc_sysconf_pagesize() -> std::ffi::c_int;
+}
+
+/// An owned, zero-initialised, page-aligned allocation.
+pub(crate) struct PageAlignedAlloc {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the allocation is uniquely owned; moving the owner to another
+// thread moves exclusive access with it.
+unsafe impl Send for PageAlignedAlloc {}
+// SAFETY: shared references only allow reads (`as_slice`).
+unsafe impl Sync for PageAlignedAlloc {}
+
+impl PageAlignedAlloc {
+    pub(crate) fn new(len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "a host buffer needs at least one byte".into(),
+            ));
+        }
+        let layout = Layout::from_size_align(len, page_size())
+            .map_err(|e| Error::InvalidArgument(format!("host buffer of {len} bytes: {e}")))?;
+        // SAFETY: `layout` has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "out of memory allocating a host buffer of {len} bytes"
+            ))
+        })?;
+        Ok(Self { ptr, layout })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid and initialised (zeroed) for `len` bytes, and
+        // `&self` excludes writers through this owner.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
+    }
+}
+
+impl Drop for PageAlignedAlloc {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this very layout; freed once.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Memory registered with an engine, unregistered on drop.
+///
+/// Only built from memory that the caller guarantees stays valid and
+/// unmoved until this value is dropped (see `register`).
+#[doc(hidden)]
+pub struct RegisteredRegion {
+    engine: Arc<EngineShared>,
+    ptr: *mut u8,
+    len: usize,
+    access: Access,
+    registered: bool,
+}
+
+// SAFETY: the region is a description of memory plus an engine handle
+// (itself Send + Sync); access to the bytes goes through the copy methods
+// below, which never create references, so sharing or sending the
+// description across threads cannot create aliasing references.
+unsafe impl Send for RegisteredRegion {}
+// SAFETY: see `Send`.
+unsafe impl Sync for RegisteredRegion {}
+
+impl RegisteredRegion {
+    /// Registers `len` bytes at `ptr` with the engine.
+    ///
+    /// # Safety
+    /// The memory must be valid for reads and writes of `len` bytes, must not
+    /// move, and must not be freed or otherwise accessed through references
+    /// until the returned region has been dropped.
+    pub(crate) unsafe fn register(
+        engine: Arc<EngineShared>,
+        ptr: *mut u8,
+        len: usize,
+        location: &str,
+        access: Access,
+    ) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register an empty buffer".into(),
+            ));
+        }
+        let loc = OwnedCString::new("location", location)?;
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            engine
+                .raw
+                .register(ptr, len, &loc, access == Access::RemoteAccessible)?
+        };
+        Ok(Self {
+            engine,
+            ptr,
+            len,
+            access,
+            registered: true,
+        })
+    }
+
+    pub(crate) fn engine(&self) -> &Arc<EngineShared> {
+        &self.engine
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn access(&self) -> Access {
+        self.access
+    }
+
+    fn check_range(&self, offset: usize, n: usize) -> Result<()> {
+        match offset.checked_add(n) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "range of {n} bytes at offset {offset} exceeds the registered {} bytes",
+                self.len
+            ))),
+        }
+    }
+
+    /// Copies bytes out of the region. Bytes that a transfer is writing at
+    /// the same moment are unspecified, never undefined: no reference to the
+    /// region is ever created.
+    pub(crate) fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len())?;
+        // SAFETY: the range is inside the registered memory, which is valid
+        // until this region is dropped; `out` is a distinct Rust buffer
+        // (registered memory is never handed out as a slice, so it cannot
+        // alias it).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes into the region. `&mut self` keeps Rust writers apart;
+    /// the caller ensures no transfer uses the range (batches borrow the
+    /// registration, so in-flight ones forbid `&mut`).
+    pub(crate) fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len())?;
+        // SAFETY: as in `read_at`, with `data` a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) };
+        Ok(())
+    }
+
+    pub(crate) fn fill(&mut self, byte: u8) {
+        // SAFETY: the whole region is valid for writes (see `register`).
+        unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) };
+    }
+
+    /// Exclusive access to a local-only region's bytes, after every transfer
+    /// that touches it has finished.
+    pub(crate) fn local_slice_mut(&mut self, timeout: Option<Duration>) -> Result<&mut [u8]> {
+        if self.access == Access::RemoteAccessible {
+            return Err(Error::InvalidArgument(
+                "remote-accessible memory may be written by peers at any time; use read_at/write_at \
+                 or take the memory back with into_inner()"
+                    .into(),
+            ));
+        }
+        // Batches borrow the registration, so `&mut self` means none is alive;
+        // a leaked batch may still be running, which the engine's pin count
+        // tells us. Local-only memory is pinned by our own transfers only.
+        self.engine.raw.wait_region_idle(self.ptr, timeout)?;
+        // SAFETY: the memory is valid for `len` bytes; `&mut self` excludes
+        // other Rust access; local-only memory is never written by peers and
+        // no transfer of ours touches it now (checked above) or can start
+        // while this borrow lives (submits need `&self`).
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) })
+    }
+
+    /// Unregisters now. After success the memory is no longer touched by the
+    /// engine or by peers.
+    pub(crate) fn unregister(&mut self) -> Result<()> {
+        if !self.registered {
+            return Ok(());
+        }
+        self.engine.raw.unregister(self.ptr)?;
+        self.registered = false;
+        Ok(())
+    }
+
+    /// Gives up on unregistering: the owner promises to leak the memory, so
+    /// whatever the engine or a peer still does with it stays harmless.
+    pub(crate) fn abandon(&mut self) {
+        self.registered = false;
+    }
+}
+
+impl Drop for RegisteredRegion {
+    fn drop(&mut self) {
+        if let Err(e) = self.unregister() {
+            // The memory's owner is about to reclaim it while the engine may
+            // still use it: continuing could corrupt memory. This cannot
+            // happen unless the engine's own bookkeeping is broken.
+            tracing::error!(target: "mooncake", error = %e, addr = self.addr(), "unregistering memory failed");
+            eprintln!("mooncake: unregistering memory at {:#x} failed ({e}); aborting to avoid memory corruption", self.addr());
+            std::process::abort();
+        }
+    }
+}
+
+/// Memory owned together with its registration. Dropping unregisters first
+/// (waiting for in-flight transfers) and frees the memory after; if
+/// unregistering fails the memory is leaked rather than freed.
+pub(crate) struct OwnedRegion<M: RegisterableMemory> {
+    region: RegisteredRegion,
+    memory: ManuallyDrop<M>,
+}
+
+impl<M: RegisterableMemory> OwnedRegion<M> {
+    pub(crate) fn new(
+        engine: Arc<EngineShared>,
+        mut memory: M,
+        location: &str,
+        access: Access,
+    ) -> Result<Self> {
+        let ptr = memory.as_mut_ptr();
+        let len = memory.len();
+        // SAFETY: `RegisterableMemory` promises that `ptr` is valid for `len`
+        // bytes and stays put while `memory` is alive, even when `memory` is
+        // moved; we own `memory` and drop it only after the region is
+        // unregistered (see `Drop`), and never hand out references to it
+        // while registered.
+        let region = unsafe { RegisteredRegion::register(engine, ptr, len, location, access)? };
+        Ok(Self {
+            region,
+            memory: ManuallyDrop::new(memory),
+        })
+    }
+
+    pub(crate) fn region(&self) -> &RegisteredRegion {
+        &self.region
+    }
+
+    pub(crate) fn region_mut(&mut self) -> &mut RegisteredRegion {
+        &mut self.region
+    }
+
+    /// Unregisters and returns the memory.
+    pub(crate) fn into_inner(mut self) -> Result<M> {
+        self.region.unregister()?;
+        // SAFETY: `memory` is taken exactly once; `self` is forgotten right
+        // after, so `Drop` will not touch it again.
+        let memory = unsafe { ManuallyDrop::take(&mut self.memory) };
+        // The region is unregistered; dropping it does nothing more.
+        // SAFETY: reading the region out of `self` before forgetting `self`
+        // moves it exactly once.
+        let region = unsafe { std::ptr::read(&self.region) };
+        std::mem::forget(self);
+        drop(region);
+        Ok(memory)
+    }
+}
+
+impl<M: RegisterableMemory> Drop for OwnedRegion<M> {
+    fn drop(&mut self) {
+        match self.region.unregister() {
+            // SAFETY: unregistered, so neither the engine nor a peer touches
+            // the memory any more; dropped exactly once.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.memory) },
+            Err(e) => {
+                tracing::error!(target: "mooncake", error = %e, "unregister failed; leaking the buffer");
+                self.region.abandon();
+            }
+        }
+    }
+}
+
+/// A registration of borrowed memory. Created only inside
+/// `Engine::with_registered`, which keeps it on its stack and drops it before
+/// the borrow ends, so it can never be leaked with the memory still
+/// registered.
+pub(crate) struct BorrowedRegion<'a> {
+    region: RegisteredRegion,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> BorrowedRegion<'a> {
+    pub(crate) fn new(
+        engine: Arc<EngineShared>,
+        buffer: &'a mut [u8],
+        access: Access,
+    ) -> Result<Self> {
+        // SAFETY: `buffer` is valid for its length for 'a, and exclusively
+        // ours for 'a; the region is dropped (unregistered, which waits for
+        // every transfer) before 'a ends, and aborts the process if that ever
+        // fails (see `RegisteredRegion::drop`).
+        let region = unsafe {
+            RegisteredRegion::register(engine, buffer.as_mut_ptr(), buffer.len(), "*", access)?
+        };
+        Ok(Self {
+            region,
+            _borrow: PhantomData,
+        })
+    }
+
+    pub(crate) fn region(&self) -> &RegisteredRegion {
+        &self.region
+    }
+}
+
+// SAFETY: a HostBuffer's allocation never moves while the value exists, it
+// is valid for `len()` bytes, and the value owns it exclusively.
+unsafe impl RegisterableMemory for HostBuffer {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.alloc_mut().as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.alloc().len()
+    }
+}
+
+// SAFETY: a Vec's heap buffer does not move when the Vec is moved, and it is
+// never reallocated while we own it (nothing can push to it).
+unsafe impl RegisterableMemory for Vec<u8> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        Vec::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+// SAFETY: a boxed slice's heap buffer does not move when the box is moved.
+unsafe impl RegisterableMemory for Box<[u8]> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}

@@ -1,0 +1,254 @@
+//! Registered memory.
+//!
+//! Memory must be registered with an engine before a transfer may use it,
+//! as a source or destination on this side, or as a target a peer reads or
+//! writes. Two ways to register, both impossible to misuse from safe code:
+//!
+//! - [`Registration`] owns its memory ([`HostBuffer`], `Vec<u8>`,
+//!   `Box<[u8]>`): dropping it unregisters, waiting for transfers in flight,
+//!   and only then frees the memory.
+//! - [`Engine::with_registered`](crate::Engine::with_registered) registers a
+//!   borrowed `&mut [u8]` for the duration of a closure.
+//!
+//! Batches borrow the registrations they use, so a registration cannot be
+//! dropped or written through `&mut` while a batch that uses it is alive.
+//! Even a leaked batch (`mem::forget`) cannot cause a use-after-free: the
+//! engine pins a registration while any transfer touches it, and
+//! unregistering waits for those pins.
+//!
+//! Registered memory is shared with DMA and, when remote-accessible, with
+//! peers, so this crate never hands out `&[u8]` to remote-accessible memory:
+//! read and write it with [`Registration::read_at`] and
+//! [`Registration::write_at`], or take the memory back with
+//! [`Registration::into_inner`]. Bytes copied out while a transfer writes
+//! them are unspecified (not undefined).
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::EngineShared;
+use crate::error::Result;
+use crate::ffi::{BorrowedRegion, OwnedRegion, PageAlignedAlloc, RegisteredRegion};
+
+/// Whether peers may read and write a registered buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Only this engine's own transfers use it (as source or destination).
+    LocalOnly,
+    /// Published in the segment descriptor: peers may READ and WRITE it.
+    RemoteAccessible,
+}
+
+/// Memory whose address and length stay fixed while the value exists, so it
+/// can be registered and owned by a [`Registration`].
+///
+/// # Safety
+/// `as_mut_ptr` must return a pointer valid for reads and writes of `len()`
+/// bytes that does not change while the value lives, even when the value is
+/// moved, and the value must own that memory exclusively.
+pub unsafe trait RegisterableMemory: Send + 'static {
+    /// Start of the memory.
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the memory is empty (it cannot be registered then).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A zero-initialised, page-aligned host buffer: the usual memory to
+/// register.
+pub struct HostBuffer {
+    alloc: PageAlignedAlloc,
+}
+
+impl HostBuffer {
+    /// Allocates `len` zeroed bytes aligned to the page size.
+    pub fn new(len: usize) -> Result<Self> {
+        Ok(Self {
+            alloc: PageAlignedAlloc::new(len)?,
+        })
+    }
+
+    /// The page size used for alignment.
+    pub fn alignment() -> usize {
+        crate::ffi::page_size()
+    }
+
+    pub(crate) fn alloc(&self) -> &PageAlignedAlloc {
+        &self.alloc
+    }
+
+    pub(crate) fn alloc_mut(&mut self) -> &mut PageAlignedAlloc {
+        &mut self.alloc
+    }
+}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("addr", &self.alloc.as_ptr())
+            .field("len", &self.alloc.len())
+            .finish()
+    }
+}
+
+impl Deref for HostBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.alloc.as_slice()
+    }
+}
+
+impl DerefMut for HostBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.alloc.as_mut_slice()
+    }
+}
+
+mod sealed {
+    pub trait Sealed {
+        fn region(&self) -> &crate::ffi::RegisteredRegion;
+    }
+}
+
+pub(crate) fn region_of<L: LocalMemory + ?Sized>(l: &L) -> &RegisteredRegion {
+    sealed::Sealed::region(l)
+}
+
+/// Registered local memory that a batch request can use: [`Registration`]
+/// or [`RegisteredSlice`]. Sealed.
+pub trait LocalMemory: sealed::Sealed {
+    /// Length in bytes.
+    fn len(&self) -> usize {
+        self.region().len()
+    }
+    /// Whether the memory is empty (never true for a registration).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Start address (what a peer passes as the remote address).
+    fn addr(&self) -> u64 {
+        self.region().addr()
+    }
+    /// Whether peers may access it.
+    fn access(&self) -> Access {
+        self.region().access()
+    }
+}
+
+/// Registered memory owned by the registration.
+pub struct Registration<M: RegisterableMemory> {
+    inner: OwnedRegion<M>,
+}
+
+impl<M: RegisterableMemory> std::fmt::Debug for Registration<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self.inner.region();
+        f.debug_struct("Registration")
+            .field("addr", &format_args!("{:#x}", r.addr()))
+            .field("len", &r.len())
+            .field("access", &r.access())
+            .finish()
+    }
+}
+
+impl<M: RegisterableMemory> Registration<M> {
+    pub(crate) fn new(
+        engine: Arc<EngineShared>,
+        memory: M,
+        location: &str,
+        access: Access,
+    ) -> Result<Self> {
+        Ok(Self {
+            inner: OwnedRegion::new(engine, memory, location, access)?,
+        })
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` out of the buffer.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.inner.region().read_at(offset, out)
+    }
+
+    /// Copies the whole buffer into a new vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        self.inner
+            .region()
+            .read_at(0, &mut v)
+            .expect("whole range is in bounds");
+        v
+    }
+
+    /// Copies `data` into the buffer at `offset`.
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        self.inner.region_mut().write_at(offset, data)
+    }
+
+    /// Sets every byte of the buffer (e.g. to poison it before a test).
+    pub fn fill(&mut self, byte: u8) {
+        self.inner.region_mut().fill(byte)
+    }
+
+    /// The bytes of a [`Access::LocalOnly`] buffer, after waiting up to
+    /// `timeout` (None: forever) for any transfer still touching it.
+    /// Remote-accessible buffers are refused: peers may write them at any
+    /// time.
+    pub fn local_slice_mut(&mut self, timeout: Option<Duration>) -> Result<&mut [u8]> {
+        self.inner.region_mut().local_slice_mut(timeout)
+    }
+
+    /// Unregisters (waiting for transfers in flight) and returns the memory.
+    pub fn into_inner(self) -> Result<M> {
+        self.inner.into_inner()
+    }
+}
+
+impl<M: RegisterableMemory> sealed::Sealed for Registration<M> {
+    fn region(&self) -> &RegisteredRegion {
+        self.inner.region()
+    }
+}
+impl<M: RegisterableMemory> LocalMemory for Registration<M> {}
+
+/// A borrowed buffer registered for the duration of
+/// [`Engine::with_registered`](crate::Engine::with_registered).
+pub struct RegisteredSlice<'a> {
+    inner: BorrowedRegion<'a>,
+}
+
+impl<'a> RegisteredSlice<'a> {
+    pub(crate) fn new(
+        engine: Arc<EngineShared>,
+        buffer: &'a mut [u8],
+        access: Access,
+    ) -> Result<Self> {
+        Ok(Self {
+            inner: BorrowedRegion::new(engine, buffer, access)?,
+        })
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` out of the buffer.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.inner.region().read_at(offset, out)
+    }
+}
+
+impl std::fmt::Debug for RegisteredSlice<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self.inner.region();
+        f.debug_struct("RegisteredSlice")
+            .field("addr", &format_args!("{:#x}", r.addr()))
+            .field("len", &r.len())
+            .field("access", &r.access())
+            .finish()
+    }
+}
+
+impl sealed::Sealed for RegisteredSlice<'_> {
+    fn region(&self) -> &RegisteredRegion {
+        self.inner.region()
+    }
+}
+impl LocalMemory for RegisteredSlice<'_> {}

@@ -1,0 +1,102 @@
+//! Remote segments.
+use std::sync::Arc;
+
+use crate::engine::{Engine, EngineShared};
+use crate::error::Result;
+
+/// A buffer a remote segment publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteBuffer {
+    /// Start address in the peer's process (what requests target).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl RemoteBuffer {
+    /// Whether `[addr, addr + len)` lies inside this buffer.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+/// A remote segment opened by an engine.
+#[derive(Clone)]
+pub struct RemoteSegment {
+    pub(crate) engine: Arc<EngineShared>,
+    pub(crate) id: i32,
+    name: String,
+}
+
+impl std::fmt::Debug for RemoteSegment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteSegment")
+            .field("name", &self.name)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl RemoteSegment {
+    pub(crate) fn open(engine: Arc<EngineShared>, name: &str, fresh: bool) -> Result<Self> {
+        let c = Engine::cstring("segment name", name)?;
+        let id = engine.raw.open_segment(&c, fresh)?;
+        tracing::debug!(target: "mooncake", segment = name, id, "segment opened");
+        Ok(Self {
+            engine,
+            id,
+            name: name.to_string(),
+        })
+    }
+
+    /// The name it was opened with.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The engine's id for it (as in upstream's C API).
+    pub fn id(&self) -> i32 {
+        self.id
+    }
+
+    /// The buffers its descriptor lists (as last fetched).
+    pub fn buffers(&self) -> Result<Vec<RemoteBuffer>> {
+        Ok(self
+            .engine
+            .raw
+            .segment_buffers(self.id)?
+            .into_iter()
+            .map(|b| RemoteBuffer {
+                addr: b.addr,
+                len: b.length,
+            })
+            .collect())
+    }
+
+    /// The transport protocol it uses (`"tcp"`, ...).
+    pub fn protocol(&self) -> Result<String> {
+        self.engine.raw.segment_protocol(self.id)
+    }
+
+    /// Re-fetches its descriptor (new buffers, a restarted peer).
+    pub fn refresh(&mut self) -> Result<()> {
+        let c = Engine::cstring("segment name", &self.name)?;
+        self.engine.raw.open_segment(&c, true)?;
+        Ok(())
+    }
+
+    /// Checks that the owner answers on its handshake port.
+    pub fn probe(&self) -> Result<()> {
+        self.engine.raw.probe_segment(self.id)
+    }
+
+    /// Sends a notification to the owner now.
+    pub fn notify(&self, name: &str, message: &str) -> Result<()> {
+        let n = Engine::cstring("notification name", name)?;
+        let m = Engine::cstring("notification message", message)?;
+        self.engine.raw.notify(self.id, &n, &m)
+    }
+}
