@@ -1,0 +1,21 @@
+//! The handles that users move between threads are Send (and Sync where
+//! sharing is meaningful).
+use mooncake::{Batch, Engine, HostBuffer, RegisteredSlice, Registration, RemoteSegment};
+
+fn send<T: Send>() {}
+fn sync<T: Sync>() {}
+
+#[test]
+fn handles_cross_threads() {
+    send::<Engine>();
+    sync::<Engine>();
+    send::<Registration<HostBuffer>>();
+    sync::<Registration<HostBuffer>>();
+    send::<Registration<Vec<u8>>>();
+    sync::<RegisteredSlice<'static>>();
+    send::<RemoteSegment>();
+    sync::<RemoteSegment>();
+    send::<Batch<'static>>();
+    send::<HostBuffer>();
+    sync::<HostBuffer>();
+}
