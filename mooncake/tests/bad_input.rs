@@ -20,17 +20,32 @@ struct Pair {
 fn pair() -> Pair {
     let target = engine();
     let init = engine();
-    let published = target.register(patterned(1 << 20, 9), "*", Access::RemoteAccessible).unwrap();
-    let local = init.register(HostBuffer::new(1 << 20).unwrap(), "*", Access::RemoteAccessible).unwrap();
+    let published = target
+        .register(patterned(1 << 20, 9), "*", Access::RemoteAccessible)
+        .unwrap();
+    let local = init
+        .register(
+            HostBuffer::new(1 << 20).unwrap(),
+            "*",
+            Access::RemoteAccessible,
+        )
+        .unwrap();
     let seg = init.open_segment(target.segment_name()).unwrap();
-    Pair { target, init, published, local, seg }
+    Pair {
+        target,
+        init,
+        published,
+        local,
+        seg,
+    }
 }
 
 impl Pair {
     /// A good transfer: the engines still serve.
     fn assert_serving(&self) {
         let mut b = self.init.batch(1).unwrap();
-        b.read(&self.local, 0, &self.seg, self.published.addr(), 4096).unwrap();
+        b.read(&self.local, 0, &self.seg, self.published.addr(), 4096)
+            .unwrap();
         b.submit().unwrap();
         b.wait(None).expect("engines still serve after bad input");
         drop(b);
@@ -45,7 +60,9 @@ fn empty_memory_cannot_be_registered() {
     let e = engine();
     let err = HostBuffer::new(0).unwrap_err();
     assert!(err.to_string().contains("at least one byte"), "{err}");
-    let err = e.register(Vec::<u8>::new(), "*", Access::LocalOnly).unwrap_err();
+    let err = e
+        .register(Vec::<u8>::new(), "*", Access::LocalOnly)
+        .unwrap_err();
     assert!(err.to_string().contains("empty"), "{err}");
 }
 
@@ -53,15 +70,21 @@ fn empty_memory_cannot_be_registered() {
 fn requests_are_checked_before_submit() {
     let p = pair();
     let mut b = p.init.batch(2).unwrap();
-    let e = b.read(&p.local, 0, &p.seg, p.published.addr(), 0).unwrap_err();
+    let e = b
+        .read(&p.local, 0, &p.seg, p.published.addr(), 0)
+        .unwrap_err();
     assert!(e.to_string().contains("at least one byte"), "{e}");
-    let e = b.read(&p.local, (1 << 20) - 10, &p.seg, p.published.addr(), 11).unwrap_err();
+    let e = b
+        .read(&p.local, (1 << 20) - 10, &p.seg, p.published.addr(), 11)
+        .unwrap_err();
     assert!(e.to_string().contains("exceeds the registered"), "{e}");
     let e = b.read(&p.local, 0, &p.seg, u64::MAX - 3, 8).unwrap_err();
     assert!(e.to_string().contains("wraps"), "{e}");
     b.read(&p.local, 0, &p.seg, p.published.addr(), 8).unwrap();
     b.read(&p.local, 8, &p.seg, p.published.addr(), 8).unwrap();
-    let e = b.read(&p.local, 16, &p.seg, p.published.addr(), 8).unwrap_err();
+    let e = b
+        .read(&p.local, 16, &p.seg, p.published.addr(), 8)
+        .unwrap_err();
     assert_eq!(e.code(), ErrorCode::TooManyRequests, "{e}");
     b.submit().unwrap();
     b.wait(None).unwrap();
@@ -69,12 +92,18 @@ fn requests_are_checked_before_submit() {
 
     // Memory or segments of another engine are refused.
     let other = engine();
-    let foreign = other.register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly).unwrap();
+    let foreign = other
+        .register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly)
+        .unwrap();
     let foreign_seg = other.open_segment(p.target.segment_name()).unwrap();
     let mut b = p.init.batch(1).unwrap();
-    let e = b.read(&foreign, 0, &p.seg, p.published.addr(), 8).unwrap_err();
+    let e = b
+        .read(&foreign, 0, &p.seg, p.published.addr(), 8)
+        .unwrap_err();
     assert!(e.to_string().contains("another engine"), "{e}");
-    let e = b.read(&p.local, 0, &foreign_seg, p.published.addr(), 8).unwrap_err();
+    let e = b
+        .read(&p.local, 0, &foreign_seg, p.published.addr(), 8)
+        .unwrap_err();
     assert!(e.to_string().contains("another engine"), "{e}");
     drop(b);
     p.assert_serving();
@@ -84,7 +113,12 @@ fn requests_are_checked_before_submit() {
 fn out_of_range_remote_requests_fail_with_the_reason() {
     let p = pair();
     let end = p.published.addr() + (1 << 20);
-    for (write, addr, len) in [(false, end - 8, 16usize), (true, end - 8, 16), (false, 0x1000, 8), (true, 0x1000, 8)] {
+    for (write, addr, len) in [
+        (false, end - 8, 16usize),
+        (true, end - 8, 16),
+        (false, 0x1000, 8),
+        (true, 0x1000, 8),
+    ] {
         let mut b = p.init.batch(1).unwrap();
         if write {
             b.write(&p.local, 0, &p.seg, addr, len).unwrap();
@@ -93,7 +127,12 @@ fn out_of_range_remote_requests_fail_with_the_reason() {
         }
         b.submit().unwrap();
         match b.wait(None) {
-            Err(Error::Transfer { failed: 1, total: 1, first_task: 0, message }) => {
+            Err(Error::Transfer {
+                failed: 1,
+                total: 1,
+                first_task: 0,
+                message,
+            }) => {
                 assert!(message.contains("rejected"), "{message}");
             }
             other => panic!("expected a rejected transfer, got {other:?}"),
@@ -108,21 +147,31 @@ fn out_of_range_remote_requests_fail_with_the_reason() {
 
 #[test]
 fn unknown_and_unreachable_segments() {
-    let e = Engine::builder().handshake_timeout(Duration::from_secs(1)).build().unwrap();
+    let e = Engine::builder()
+        .handshake_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
     let err = e.open_segment("").unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
-    let err = e.open_segment("no-such-host.invalid:15000").unwrap_err();
+    // An empty host fails name resolution without sending a DNS query.
+    let err = e.open_segment(":15000").unwrap_err();
     assert_eq!(err.code(), ErrorCode::Dns, "{err}");
-    assert!(err.to_string().contains("no-such-host.invalid"), "{err}");
+    assert!(err.to_string().contains("cannot resolve"), "{err}");
     // A port nothing listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let err = e.open_segment(&format!("127.0.0.1:{closed}")).unwrap_err();
     assert_eq!(err.code(), ErrorCode::Socket, "{err}");
     assert!(err.to_string().contains("refused"), "{err}");
     // A port that speaks another protocol and never answers the handshake:
     // our own TCP data port. Bounded by the handshake timeout.
     let t0 = Instant::now();
-    let err = e.open_segment(&format!("127.0.0.1:{}", e.tcp_data_port())).unwrap_err();
+    let err = e
+        .open_segment(&format!("127.0.0.1:{}", e.tcp_data_port()))
+        .unwrap_err();
     assert_eq!(err.code(), ErrorCode::Socket, "{err}");
     assert!(err.to_string().contains("timed out"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(4));
@@ -134,11 +183,16 @@ fn unknown_and_unreachable_segments() {
 fn garbage_on_both_ports_leaves_the_engine_serving() {
     let p = pair();
     for port in [p.target.rpc_port(), p.target.tcp_data_port()] {
-        for junk in [&b"\x00\x00\x00\x00\x00\x00\x00\x00"[..], b"\xff\xff\xff\xff\xff\xff\xff\x7fxx", b"GET / HTTP/1.1\r\n\r\n"] {
+        for junk in [
+            &b"\x00\x00\x00\x00\x00\x00\x00\x00"[..],
+            b"\xff\xff\xff\xff\xff\xff\xff\x7fxx",
+            b"GET / HTTP/1.1\r\n\r\n",
+        ] {
             let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
             c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            c.write_all(junk).unwrap();
-            c.shutdown(std::net::Shutdown::Write).unwrap();
+            // The engine may already have dropped us: write errors are fine.
+            let _ = c.write_all(junk);
+            let _ = c.shutdown(std::net::Shutdown::Write);
             let mut sink = Vec::new();
             let _ = c.read_to_end(&mut sink);
         }
@@ -150,8 +204,13 @@ fn garbage_on_both_ports_leaves_the_engine_serving() {
 #[test]
 fn a_timed_out_wait_hands_the_batch_back() {
     let peer = SilentPeer::start();
-    let init = Engine::builder().tcp_progress_timeout(Duration::from_millis(1500)).build().unwrap();
-    let local = init.register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly).unwrap();
+    let init = Engine::builder()
+        .tcp_progress_timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let local = init
+        .register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly)
+        .unwrap();
     let seg = init.open_segment(&peer.segment_name).unwrap();
     let mut b = init.batch(1).unwrap();
     b.read(&local, 0, &seg, peer.buffer_addr, 64).unwrap();
@@ -175,8 +234,13 @@ fn leaked_batch_cannot_outlive_the_memory() {
     // pins the local registration, so taking the memory back waits for the
     // transfer to end instead of freeing memory the engine may still write.
     let peer = SilentPeer::start();
-    let init = Engine::builder().tcp_progress_timeout(Duration::from_millis(1000)).build().unwrap();
-    let local = init.register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly).unwrap();
+    let init = Engine::builder()
+        .tcp_progress_timeout(Duration::from_millis(1000))
+        .build()
+        .unwrap();
+    let local = init
+        .register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly)
+        .unwrap();
     let seg = init.open_segment(&peer.segment_name).unwrap();
     let mut b = init.batch(1).unwrap();
     b.read(&local, 0, &seg, peer.buffer_addr, 64).unwrap();
@@ -184,18 +248,31 @@ fn leaked_batch_cannot_outlive_the_memory() {
     std::mem::forget(b);
     let t0 = Instant::now();
     let memory = local.into_inner().unwrap();
-    assert!(t0.elapsed() >= Duration::from_millis(800), "into_inner returned while the transfer was in flight");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(800),
+        "into_inner returned while the transfer was in flight"
+    );
     assert_eq!(memory.len(), 4096);
 }
 
 #[test]
 fn dropping_a_batch_waits_for_its_transfers() {
     let p = pair();
-    let mut local = p.init.register(HostBuffer::new(1 << 20).unwrap(), "*", Access::LocalOnly).unwrap();
+    let mut local = p
+        .init
+        .register(HostBuffer::new(1 << 20).unwrap(), "*", Access::LocalOnly)
+        .unwrap();
     {
         let mut b = p.init.batch(16).unwrap();
         for i in 0..16 {
-            b.read(&local, i * 65536, &p.seg, p.published.addr() + (i * 65536) as u64, 65536).unwrap();
+            b.read(
+                &local,
+                i * 65536,
+                &p.seg,
+                p.published.addr() + (i * 65536) as u64,
+                65536,
+            )
+            .unwrap();
         }
         b.submit().unwrap();
         // dropped here, without a wait

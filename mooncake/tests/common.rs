@@ -34,7 +34,10 @@ pub fn patterned(len: usize, seed: u64) -> HostBuffer {
 
 /// Index of the first byte where `got` differs from the pattern at `start`.
 pub fn first_mismatch(got: &[u8], seed: u64, start: usize) -> Option<usize> {
-    got.iter().enumerate().find(|(i, b)| **b != pattern_byte(seed, start + i)).map(|(i, _)| i)
+    got.iter()
+        .enumerate()
+        .find(|(i, b)| **b != pattern_byte(seed, start + i))
+        .map(|(i, _)| i)
 }
 
 /// A peer that answers the metadata handshake with a descriptor whose data
@@ -84,6 +87,10 @@ impl SilentPeer {
                 held.push(c); // accept, never read or answer
             }
         });
-        Self { segment_name, buffer_addr, _threads: vec![t1, t2] }
+        Self {
+            segment_name,
+            buffer_addr,
+            _threads: vec![t1, t2],
+        }
     }
 }

@@ -12,8 +12,12 @@ fn read_and_write_1_byte_to_64_mib() {
     let target = engine();
     let init = engine();
     let size = 64 * MIB + 8192;
-    let mut published = target.register(patterned(size, 1), "*", Access::RemoteAccessible).unwrap();
-    let mut local = init.register(HostBuffer::new(size).unwrap(), "*", Access::LocalOnly).unwrap();
+    let mut published = target
+        .register(patterned(size, 1), "*", Access::RemoteAccessible)
+        .unwrap();
+    let mut local = init
+        .register(HostBuffer::new(size).unwrap(), "*", Access::LocalOnly)
+        .unwrap();
     let seg = init.open_segment(target.segment_name()).unwrap();
     let base = seg.buffers().unwrap()[0];
     assert_eq!(base.addr, published.addr());
@@ -24,14 +28,19 @@ fn read_and_write_1_byte_to_64_mib() {
         let remote_off = 11usize;
         {
             let mut b = init.batch(1).unwrap();
-            b.read(&local, 0, &seg, base.addr + remote_off as u64, len).unwrap();
+            b.read(&local, 0, &seg, base.addr + remote_off as u64, len)
+                .unwrap();
             b.submit().unwrap();
             b.wait(None).unwrap();
             assert_eq!(b.status(0).unwrap(), TaskStatus::Completed);
             assert_eq!(b.transferred_bytes(0).unwrap(), len as u64);
         }
         let got = local.local_slice_mut(None).unwrap();
-        assert_eq!(first_mismatch(&got[..len], 1, remote_off), None, "READ of {len} bytes");
+        assert_eq!(
+            first_mismatch(&got[..len], 1, remote_off),
+            None,
+            "READ of {len} bytes"
+        );
         assert_eq!(got[len], 0xA5, "READ of {len} bytes wrote past its end");
 
         // WRITE: fill the local side with another pattern, write, compare.
@@ -46,13 +55,18 @@ fn read_and_write_1_byte_to_64_mib() {
         };
         {
             let mut b = init.batch(1).unwrap();
-            b.write(&local, 0, &seg, base.addr + dst_off as u64, len).unwrap();
+            b.write(&local, 0, &seg, base.addr + dst_off as u64, len)
+                .unwrap();
             b.submit().unwrap();
             b.wait(None).unwrap();
         }
         let mut back = vec![0u8; len + 1];
         published.read_at(dst_off, &mut back).unwrap();
-        assert_eq!(first_mismatch(&back[..len], 2, 0), None, "WRITE of {len} bytes");
+        assert_eq!(
+            first_mismatch(&back[..len], 2, 0),
+            None,
+            "WRITE of {len} bytes"
+        );
         assert_eq!(back[len], after, "WRITE of {len} bytes wrote past its end");
         // Restore the target pattern for the next round.
         let restore: Vec<u8> = (0..len + 1).map(|i| pattern_byte(1, dst_off + i)).collect();
@@ -65,8 +79,16 @@ fn batches_of_1_to_1024_requests() {
     let target = engine();
     let init = engine();
     let block = 4096usize;
-    let published = target.register(patterned(1024 * block, 3), "*", Access::RemoteAccessible).unwrap();
-    let mut local = init.register(HostBuffer::new(1024 * block).unwrap(), "*", Access::LocalOnly).unwrap();
+    let published = target
+        .register(patterned(1024 * block, 3), "*", Access::RemoteAccessible)
+        .unwrap();
+    let mut local = init
+        .register(
+            HostBuffer::new(1024 * block).unwrap(),
+            "*",
+            Access::LocalOnly,
+        )
+        .unwrap();
     let seg = init.open_segment(target.segment_name()).unwrap();
     let base = published.addr();
     for &n in &[1usize, 2, 31, 256, 1024] {
@@ -75,7 +97,14 @@ fn batches_of_1_to_1024_requests() {
             let mut b = init.batch(n).unwrap();
             // Reverse the block order: request i reads remote block n-1-i.
             for i in 0..n {
-                b.read(&local, i * block, &seg, base + ((n - 1 - i) * block) as u64, block).unwrap();
+                b.read(
+                    &local,
+                    i * block,
+                    &seg,
+                    base + ((n - 1 - i) * block) as u64,
+                    block,
+                )
+                .unwrap();
             }
             b.submit().unwrap();
             b.wait(None).unwrap();
@@ -86,7 +115,11 @@ fn batches_of_1_to_1024_requests() {
         let got = local.local_slice_mut(None).unwrap();
         for i in 0..n {
             let chunk = &got[i * block..(i + 1) * block];
-            assert_eq!(first_mismatch(chunk, 3, (n - 1 - i) * block), None, "batch {n}, request {i}");
+            assert_eq!(
+                first_mismatch(chunk, 3, (n - 1 - i) * block),
+                None,
+                "batch {n}, request {i}"
+            );
         }
     }
 }
@@ -99,8 +132,16 @@ fn many_threads_share_one_engine() {
     let per = 32usize;
     let block = 16 * 1024usize;
     let total = threads * per * block;
-    let published = target.register(patterned(total, 4), "*", Access::RemoteAccessible).unwrap();
-    let local = init.register(HostBuffer::new(total).unwrap(), "*", Access::RemoteAccessible).unwrap();
+    let published = target
+        .register(patterned(total, 4), "*", Access::RemoteAccessible)
+        .unwrap();
+    let local = init
+        .register(
+            HostBuffer::new(total).unwrap(),
+            "*",
+            Access::RemoteAccessible,
+        )
+        .unwrap();
     let seg = init.open_segment(target.segment_name()).unwrap();
     let base = published.addr();
     std::thread::scope(|s| {
@@ -114,7 +155,8 @@ fn many_threads_share_one_engine() {
                         b.read(local, off, seg, base + off as u64, block).unwrap();
                     }
                     b.submit().unwrap();
-                    b.wait(None).unwrap_or_else(|e| panic!("thread {t} round {round}: {e}"));
+                    b.wait(None)
+                        .unwrap_or_else(|e| panic!("thread {t} round {round}: {e}"));
                 }
             });
         }
@@ -127,13 +169,16 @@ fn many_threads_share_one_engine() {
 fn borrowed_registration_round_trip() {
     let target = engine();
     let init = engine();
-    let published = target.register(patterned(MIB, 5), "*", Access::RemoteAccessible).unwrap();
+    let published = target
+        .register(patterned(MIB, 5), "*", Access::RemoteAccessible)
+        .unwrap();
     let seg = init.open_segment(target.segment_name()).unwrap();
     let mut mine = vec![0u8; 8192];
     init.with_registered(&mut mine, Access::LocalOnly, |reg| {
         let mut b = init.batch(2).unwrap();
         b.read(reg, 0, &seg, published.addr() + 100, 4096).unwrap();
-        b.read(reg, 4096, &seg, published.addr() + 200_000, 4096).unwrap();
+        b.read(reg, 4096, &seg, published.addr() + 200_000, 4096)
+            .unwrap();
         b.submit().unwrap();
         b.wait(None).unwrap();
     })
@@ -142,21 +187,28 @@ fn borrowed_registration_round_trip() {
     assert_eq!(first_mismatch(&mine[..4096], 5, 100), None);
     assert_eq!(first_mismatch(&mine[4096..], 5, 200_000), None);
     // Registering it again works, proving the first registration is gone.
-    init.with_registered(&mut mine, Access::LocalOnly, |_| ()).unwrap();
+    init.with_registered(&mut mine, Access::LocalOnly, |_| ())
+        .unwrap();
 }
 
 #[test]
 fn submitting_in_several_steps_and_notify() {
     let target = engine();
     let init = engine();
-    let published = target.register(HostBuffer::new(MIB).unwrap(), "*", Access::RemoteAccessible).unwrap();
-    let local = init.register(patterned(MIB, 6), "*", Access::LocalOnly).unwrap();
+    let published = target
+        .register(HostBuffer::new(MIB).unwrap(), "*", Access::RemoteAccessible)
+        .unwrap();
+    let local = init
+        .register(patterned(MIB, 6), "*", Access::LocalOnly)
+        .unwrap();
     let seg = init.open_segment(target.segment_name()).unwrap();
     let mut b = init.batch(4).unwrap();
     b.write(&local, 0, &seg, published.addr(), 1000).unwrap();
     b.submit().unwrap();
-    b.write(&local, 1000, &seg, published.addr() + 1000, 1000).unwrap();
-    b.write(&local, 2000, &seg, published.addr() + 2000, 1000).unwrap();
+    b.write(&local, 1000, &seg, published.addr() + 1000, 1000)
+        .unwrap();
+    b.write(&local, 2000, &seg, published.addr() + 2000, 1000)
+        .unwrap();
     b.submit_with_notify("decode-0", "blocks-written").unwrap();
     assert_eq!(b.submitted(), 3);
     b.wait(None).unwrap();
@@ -175,13 +227,31 @@ fn submitting_in_several_steps_and_notify() {
 fn segment_refresh_sees_new_buffers_and_probe() {
     let target = engine();
     let init = engine();
-    let _a = target.register(HostBuffer::new(4096).unwrap(), "*", Access::RemoteAccessible).unwrap();
-    let _hidden = target.register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly).unwrap();
+    let _a = target
+        .register(
+            HostBuffer::new(4096).unwrap(),
+            "*",
+            Access::RemoteAccessible,
+        )
+        .unwrap();
+    let _hidden = target
+        .register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly)
+        .unwrap();
     let mut seg = init.open_segment(target.segment_name()).unwrap();
-    assert_eq!(seg.buffers().unwrap().len(), 1, "local-only buffers are not published");
+    assert_eq!(
+        seg.buffers().unwrap().len(),
+        1,
+        "local-only buffers are not published"
+    );
     assert_eq!(seg.protocol().unwrap(), "tcp");
     seg.probe().unwrap();
-    let _b = target.register(HostBuffer::new(8192).unwrap(), "*", Access::RemoteAccessible).unwrap();
+    let _b = target
+        .register(
+            HostBuffer::new(8192).unwrap(),
+            "*",
+            Access::RemoteAccessible,
+        )
+        .unwrap();
     assert_eq!(seg.buffers().unwrap().len(), 1, "cached descriptor");
     seg.refresh().unwrap();
     let bufs = seg.buffers().unwrap();

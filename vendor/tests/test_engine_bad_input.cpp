@@ -166,7 +166,8 @@ TEST(bad_unknown_and_unreachable_segments) {
     std::string name = "127.0.0.1:" + std::to_string(data_port(s.init));
     CHECK_EQ(openSegment(s.init, name.c_str()), -1);
     CHECK(std::string(mc_last_error_message()).size() > 10);
-    CHECK_EQ(openSegment(s.init, "no-such-host.invalid:15000"), -1);
+    // An empty host fails name resolution without any DNS traffic.
+    CHECK_EQ(openSegment(s.init, ":15000"), -1);
     CHECK_EQ(mc_last_error_code(), ERR_DNS);
     CHECK(s.still_serving());
 }

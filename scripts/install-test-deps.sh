@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what the full test suite needs beyond Rust and g++, idempotently:
+#  - Debian: libibverbs1 and libnuma1 (the upstream wheel imports them even
+#    for TCP), libclang-dev (the bindings freshness check runs bindgen);
+#  - a Python venv at .venv-upstream with upstream Mooncake 0.3.13
+#    (mooncake-transfer-engine-non-cuda==0.3.13.post1) for interop tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+UPSTREAM_PKG="mooncake-transfer-engine-non-cuda==0.3.13.post1"
+VENV=.venv-upstream
+
+need_apt=()
+for pkg in libibverbs1 libnuma1 libclang-dev; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "install-test-deps: installing ${need_apt[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  if ! $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}" >/tmp/mooncake-apt.log 2>&1; then
+    $SUDO apt-get update >/tmp/mooncake-apt-update.log 2>&1 || true
+    $SUDO apt-get install -y --no-install-recommends "${need_apt[@]}" >/tmp/mooncake-apt.log 2>&1 || {
+      echo "install-test-deps: apt-get failed; see /tmp/mooncake-apt.log. Install: ${need_apt[*]}" >&2
+      exit 1
+    }
+  fi
+fi
+
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import mooncake.engine" 2>/dev/null; then
+  echo "install-test-deps: upstream Mooncake already in $VENV"
+else
+  echo "install-test-deps: creating $VENV with $UPSTREAM_PKG"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "$UPSTREAM_PKG"
+  "$VENV/bin/python" -c "import mooncake.engine" || {
+    echo "install-test-deps: the upstream wheel does not import (missing libibverbs1/libnuma1?)" >&2
+    exit 1
+  }
+fi

@@ -1,0 +1,101 @@
+//! Our engine in two processes: the scenario across a process boundary in
+//! both roles, and a peer that dies mid-transfer.
+mod support;
+
+use std::time::{Duration, Instant};
+
+use mooncake::{Access, Engine, Error, HostBuffer};
+use support::{cross_scenario, Kind, PeerProc};
+
+#[test]
+fn ours_to_ours_across_processes() {
+    let mut target = PeerProc::spawn(Kind::Ours, 16 << 20, 51);
+    let mut init = PeerProc::spawn(Kind::Ours, 16 << 20, 52);
+    cross_scenario(&mut init, &mut target, 51);
+}
+
+#[test]
+fn in_process_engine_and_peer_process_64_mib() {
+    use mooncake_connector::testkit::check_pattern;
+    let mut target = PeerProc::spawn(Kind::Ours, 64 << 20, 61);
+    let engine = Engine::builder().build().unwrap();
+    let local = engine
+        .register(
+            HostBuffer::new(64 << 20).unwrap(),
+            "*",
+            Access::RemoteAccessible,
+        )
+        .unwrap();
+    let seg = engine.open_segment(&target.segment).unwrap();
+    let mut b = engine.batch(1).unwrap();
+    b.read(&local, 0, &seg, target.addr, 64 << 20).unwrap();
+    b.submit().unwrap();
+    b.wait(None).unwrap();
+    drop(b);
+    assert_eq!(check_pattern(&local.to_vec(), 61, 0), None);
+    // And the peer process writes into us.
+    let me = engine.segment_name().to_string();
+    target.ok("fill 0 1048576 62");
+    target.ok(&format!(
+        "write {me} {} 0 1048576",
+        mooncake::LocalMemory::addr(&local) + 4096
+    ));
+    let mut got = vec![0u8; 1 << 20];
+    local.read_at(4096, &mut got).unwrap();
+    assert_eq!(check_pattern(&got, 62, 0), None);
+}
+
+#[test]
+fn peer_killed_mid_transfer_fails_in_bounded_time() {
+    let mut target = PeerProc::spawn(Kind::Ours, 256 << 20, 71);
+    let engine = Engine::builder()
+        .tcp_progress_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let local = engine
+        .register(HostBuffer::new(256 << 20).unwrap(), "*", Access::LocalOnly)
+        .unwrap();
+    let seg = engine.open_segment(&target.segment).unwrap();
+    // Many large requests in both directions, then SIGKILL the target.
+    for round in 0..2 {
+        let mut b = engine.batch(64).unwrap();
+        for i in 0..64usize {
+            let off = i * (4 << 20);
+            if i % 2 == 0 {
+                b.read(&local, off, &seg, target.addr + off as u64, 4 << 20)
+                    .unwrap();
+            } else {
+                b.write(&local, off, &seg, target.addr + off as u64, 4 << 20)
+                    .unwrap();
+            }
+        }
+        b.submit().unwrap();
+        if round == 1 {
+            std::thread::sleep(Duration::from_millis(20));
+            target.kill();
+        }
+        let t0 = Instant::now();
+        let r = b.wait(None);
+        if round == 0 {
+            r.expect("transfers before the kill succeed");
+            continue;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "took {:?}",
+            t0.elapsed()
+        );
+        match r {
+            Err(Error::Transfer { failed, .. }) => assert!(failed > 0),
+            Ok(()) => panic!("every transfer finished before the kill; the test proves nothing"),
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    // Later transfers to the dead segment fail fast instead of hanging.
+    let mut b = engine.batch(1).unwrap();
+    b.read(&local, 0, &seg, target.addr, 4096).unwrap();
+    b.submit().unwrap();
+    let t0 = Instant::now();
+    assert!(matches!(b.wait(None), Err(Error::Transfer { .. })));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
