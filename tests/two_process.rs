@@ -33,16 +33,29 @@ fn in_process_engine_and_peer_process_64_mib() {
     b.wait(None).unwrap();
     drop(b);
     assert_eq!(check_pattern(&local.to_vec(), 61, 0), None);
-    // And the peer process writes into us.
+    // A batch of 1024 requests across the process boundary.
+    let block = 16 * 1024;
+    let mut b = engine.batch(1024).unwrap();
+    for i in 0..1024usize {
+        let remote = target.addr + ((1023 - i) * block) as u64;
+        b.write(&local, i * block, &seg, remote, block).unwrap();
+    }
+    b.submit().unwrap();
+    b.wait(None).unwrap();
+    drop(b);
+    for i in [0usize, 1, 511, 1023] {
+        target.ok(&format!(
+            "check {} {block} 61 {}",
+            (1023 - i) * block,
+            i * block
+        ));
+    }
+    // And the peer process writes 64 MiB into us.
     let me = engine.segment_name().to_string();
-    target.ok("fill 0 1048576 62");
-    target.ok(&format!(
-        "write {me} {} 0 1048576",
-        mooncake::LocalMemory::addr(&local) + 4096
-    ));
-    let mut got = vec![0u8; 1 << 20];
-    local.read_at(4096, &mut got).unwrap();
-    assert_eq!(check_pattern(&got, 62, 0), None);
+    let addr = mooncake::LocalMemory::addr(&local);
+    target.ok("fill 0 67108864 62");
+    target.ok(&format!("write {me} {addr} 0 67108864"));
+    assert_eq!(check_pattern(&local.to_vec(), 62, 0), None);
 }
 
 #[test]

@@ -201,20 +201,49 @@ fn garbage_on_both_ports_leaves_the_engine_serving() {
     p.assert_serving();
 }
 
+/// An engine with a READ submitted to a peer that never answers.
+struct HungTransfer {
+    _peer: SilentPeer,
+    engine: Engine,
+    local: mooncake::Registration<HostBuffer>,
+    seg: mooncake::RemoteSegment,
+    remote_addr: u64,
+}
+
+impl HungTransfer {
+    fn start(progress_timeout: Duration) -> Self {
+        let peer = SilentPeer::start();
+        let engine = Engine::builder()
+            .tcp_progress_timeout(progress_timeout)
+            .build()
+            .unwrap();
+        let local = engine
+            .register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly)
+            .unwrap();
+        let seg = engine.open_segment(&peer.segment_name).unwrap();
+        let remote_addr = peer.buffer_addr;
+        Self {
+            _peer: peer,
+            engine,
+            local,
+            seg,
+            remote_addr,
+        }
+    }
+
+    fn submit_read(&self) -> mooncake::Batch<'_> {
+        let mut b = self.engine.batch(1).unwrap();
+        b.read(&self.local, 0, &self.seg, self.remote_addr, 64)
+            .unwrap();
+        b.submit().unwrap();
+        b
+    }
+}
+
 #[test]
 fn a_timed_out_wait_hands_the_batch_back() {
-    let peer = SilentPeer::start();
-    let init = Engine::builder()
-        .tcp_progress_timeout(Duration::from_millis(1500))
-        .build()
-        .unwrap();
-    let local = init
-        .register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly)
-        .unwrap();
-    let seg = init.open_segment(&peer.segment_name).unwrap();
-    let mut b = init.batch(1).unwrap();
-    b.read(&local, 0, &seg, peer.buffer_addr, 64).unwrap();
-    b.submit().unwrap();
+    let hung = HungTransfer::start(Duration::from_millis(1500));
+    let mut b = hung.submit_read();
     match b.wait(Some(Duration::from_millis(100))) {
         Err(Error::Timeout(_)) => {}
         other => panic!("expected a timeout, got {other:?}"),
@@ -233,21 +262,10 @@ fn leaked_batch_cannot_outlive_the_memory() {
     // mem::forget ends a batch's borrows without waiting. The engine still
     // pins the local registration, so taking the memory back waits for the
     // transfer to end instead of freeing memory the engine may still write.
-    let peer = SilentPeer::start();
-    let init = Engine::builder()
-        .tcp_progress_timeout(Duration::from_millis(1000))
-        .build()
-        .unwrap();
-    let local = init
-        .register(HostBuffer::new(4096).unwrap(), "*", Access::LocalOnly)
-        .unwrap();
-    let seg = init.open_segment(&peer.segment_name).unwrap();
-    let mut b = init.batch(1).unwrap();
-    b.read(&local, 0, &seg, peer.buffer_addr, 64).unwrap();
-    b.submit().unwrap();
-    std::mem::forget(b);
+    let hung = HungTransfer::start(Duration::from_millis(1000));
+    std::mem::forget(hung.submit_read());
     let t0 = Instant::now();
-    let memory = local.into_inner().unwrap();
+    let memory = hung.local.into_inner().unwrap();
     assert!(
         t0.elapsed() >= Duration::from_millis(800),
         "into_inner returned while the transfer was in flight"

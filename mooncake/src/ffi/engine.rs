@@ -308,23 +308,15 @@ impl RawEngine {
     }
 
     pub(crate) fn transfer_error(&self, batch: u64, task: usize) -> Result<String> {
-        let mut buf = vec![0 as c_char; 1024];
-        let mut needed = 0usize;
-        // SAFETY: `buf` is writable for its length; NUL-terminated on success.
-        let rc = unsafe {
-            sys::mc_transfer_error(
-                self.handle(),
-                batch,
-                task,
-                buf.as_mut_ptr(),
-                buf.len(),
-                &mut needed,
-            )
-        };
-        if rc == sys::MC_ERR_BUFFER_TOO_SMALL {
-            buf = vec![0 as c_char; needed + 1];
-            // SAFETY: as above, now with the size the engine asked for.
-            check(unsafe {
+        // First with a buffer that fits any message the engine writes today,
+        // then once more with the size it asks for.
+        let mut len = 1024usize;
+        loop {
+            let mut buf = vec![0 as c_char; len];
+            let mut needed = 0usize;
+            // SAFETY: `buf` is writable for its length; the engine writes a
+            // NUL-terminated string into it on success.
+            let rc = unsafe {
                 sys::mc_transfer_error(
                     self.handle(),
                     batch,
@@ -333,14 +325,17 @@ impl RawEngine {
                     buf.len(),
                     &mut needed,
                 )
-            })?;
-        } else {
+            };
+            if rc == sys::MC_ERR_BUFFER_TOO_SMALL && needed >= len {
+                len = needed + 1;
+                continue;
+            }
             check(rc)?;
+            // SAFETY: NUL-terminated on success.
+            return Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+                .to_string_lossy()
+                .into_owned());
         }
-        // SAFETY: NUL-terminated on success.
-        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned())
     }
 
     pub(crate) fn free_batch(&self, batch: u64) -> Result<()> {

@@ -1,0 +1,98 @@
+// The upstream-named entry points: construction, transports, and the calls
+// that report what this engine cannot do yet.
+#include <cstring>
+
+#include "engine_fixture.h"
+
+using namespace mctest;
+
+TEST(capi_create_with_upstream_signature) {
+    transfer_engine_t e = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    REQUIRE(e != nullptr);
+    char buf[64];
+    CHECK_EQ(getLocalIpAndPort(e, buf, sizeof buf), 0);
+    CHECK(std::strncmp(buf, "127.0.0.1:", 10) == 0);
+    CHECK_EQ(std::string(buf), segment_name(e));
+    // Truncating copy, like upstream's snprintf.
+    char tiny[5];
+    CHECK_EQ(getLocalIpAndPort(e, tiny, sizeof tiny), 0);
+    CHECK_EQ(std::string(tiny), std::string("127."));
+    CHECK(installTransport(e, "tcp", nullptr) != nullptr);  // already installed: same one
+    CHECK(installTransport(e, "rdma", nullptr) == nullptr);
+    CHECK(std::string(mc_last_error_message()).find("not implemented") != std::string::npos);
+    CHECK_EQ(mc_last_error_code(), ERR_NOT_IMPLEMENTED);
+    CHECK_EQ(discoverTopology(e), ERR_NOT_IMPLEMENTED);
+    CHECK_EQ(uninstallTransport(e, "tcp"), ERR_NOT_IMPLEMENTED);
+    CHECK_EQ(showLinks(e, buf, sizeof buf, 1), ERR_NOT_IMPLEMENTED);
+    nic_load_stat_t stats[1];
+    int count = 1;
+    CHECK_EQ(getNicLoadStats(e, stats, &count), MC_STATUS_NOT_IMPLEMENTED);
+    CHECK_EQ(getNicLoadStats(e, nullptr, &count), -1);
+    CHECK_EQ(warmupEfaSegment(e, "x"), 0);
+    CHECK_EQ(closeSegment(e, 12345), ERR_INVALID_ARGUMENT);
+    CHECK_EQ(removeLocalSegment(e, ""), ERR_INVALID_ARGUMENT);
+    enableGracefulShutdown(e);
+    destroyTransferEngine(e);
+}
+
+TEST(capi_no_transport_until_installed) {
+    transfer_engine_t e = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 0);
+    REQUIRE(e != nullptr);
+    transfer_engine_t peer = make_engine();
+    REQUIRE(peer);
+    std::vector<char> a(4096), b(4096);
+    REQUIRE_EQ(registerLocalMemory(e, a.data(), a.size(), nullptr, 1), 0);
+    REQUIRE_EQ(registerLocalMemory(peer, b.data(), b.size(), "cpu:0", 1), 0);
+    segment_id_t seg = openSegment(e, segment_name(peer).c_str());
+    REQUIRE(seg > 0);
+    batch_id_t bid = allocateBatchID(e, 1);
+    transfer_request r{OPCODE_READ, a.data(), seg, reinterpret_cast<uint64_t>(b.data()), 16};
+    CHECK_EQ(submitTransfer(e, bid, &r, 1), MC_STATUS_NOT_SUPPORTED_TRANSPORT);
+    CHECK(installTransport(e, "tcp", nullptr) != nullptr);
+    CHECK_EQ(submitTransfer(e, bid, &r, 1), 0);
+    CHECK_EQ(mc_batch_wait(e, bid, 10000), 0);
+    CHECK_EQ(freeBatchID(e, bid), 0);
+    destroyTransferEngine(e);
+    destroyTransferEngine(peer);
+}
+
+TEST(capi_rejects_unsupported_metadata_and_null_arguments) {
+    CHECK(createTransferEngine("etcd://127.0.0.1:2379", "127.0.0.1", "", 0, 1) == nullptr);
+    CHECK(std::string(mc_last_error_message()).find("P2PHANDSHAKE") != std::string::npos);
+    CHECK(createTransferEngine(nullptr, "127.0.0.1", "", 0, 1) == nullptr);
+    CHECK_EQ(registerLocalMemory(nullptr, nullptr, 0, nullptr, 1), ERR_INVALID_ARGUMENT);
+    CHECK(std::string(mc_last_error_message()).find("engine handle is null") != std::string::npos);
+    CHECK_EQ(openSegment(nullptr, "x"), -1);
+    CHECK_EQ(allocateBatchID(nullptr, 1), INVALID_BATCH);
+    CHECK_EQ(getTransferStatus(nullptr, 1, 0, nullptr), MC_STATUS_INVALID_ARGUMENT);
+    int n = 5;
+    CHECK(getNotifsFromEngine(nullptr, &n) == nullptr);
+    CHECK_EQ(n, 0);
+    CHECK_EQ(freeNotifsMsgBuf(nullptr, 0), 0);
+    mc_engine_config_t c;
+    mc_engine_config_default(&c);
+    c.struct_size = 8;
+    CHECK(mc_engine_create(&c) == nullptr);
+    CHECK(std::string(mc_last_error_message()).find("struct_size") != std::string::npos);
+    mc_engine_config_default(&c);
+    c.tcp_lanes_per_peer = 0;
+    CHECK(mc_engine_create(&c) == nullptr);
+    CHECK(std::string(mc_last_error_message()).find("tcp_lanes_per_peer") != std::string::npos);
+    CHECK_EQ(std::string(mc_error_name(ERR_SOCKET)), std::string("ERR_SOCKET"));
+    CHECK_EQ(std::string(mc_engine_version()), std::string(MC_ENGINE_VERSION));
+}
+
+TEST(capi_batch_register_and_unregister) {
+    transfer_engine_t e = make_engine();
+    REQUIRE(e);
+    std::vector<char> m(3 * 4096);
+    buffer_entry_t list[3] = {{m.data(), 4096}, {m.data() + 4096, 4096}, {m.data() + 8192, 4096}};
+    CHECK_EQ(registerLocalMemoryBatch(e, list, 3, "cpu:0"), 0);
+    CHECK_EQ(registerLocalMemoryBatch(e, list, 1, "cpu:0"), ERR_ADDRESS_OVERLAPPED);
+    void *addrs[3] = {m.data(), m.data() + 1, m.data() + 8192};
+    // Best effort: the bad address is reported, the others are unregistered.
+    CHECK_EQ(unregisterLocalMemoryBatch(e, addrs, 3), ERR_ADDRESS_NOT_REGISTERED);
+    CHECK_EQ(unregisterLocalMemory(e, m.data() + 4096), 0);
+    CHECK_EQ(unregisterLocalMemory(e, m.data()), ERR_ADDRESS_NOT_REGISTERED);
+    destroyTransferEngine(e);
+}
