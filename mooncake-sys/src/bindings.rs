@@ -556,6 +556,17 @@ unsafe extern "C" {
         rpc_port: *mut u16,
         tcp_data_port: *mut u16,
     ) -> ::core::ffi::c_int;
+    pub fn mc_engine_gpu_registration_mode(
+        engine: transfer_engine_t,
+        mode: *mut i32,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_engine_device_filters(
+        engine: transfer_engine_t,
+        allow: *mut ::core::ffi::c_char,
+        allow_len: usize,
+        deny: *mut ::core::ffi::c_char,
+        deny_len: usize,
+    ) -> ::core::ffi::c_int;
     pub fn mc_segment_buffers(
         engine: transfer_engine_t,
         segment_id: i32,

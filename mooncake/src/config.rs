@@ -36,6 +36,42 @@ pub enum TcpVersion {
     V1,
 }
 
+/// How GPU memory is registered for RDMA (upstream's `WITH_NVIDIA_PEERMEM`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GpuRegistration {
+    /// Decided by `WITH_NVIDIA_PEERMEM` when the engine starts (upstream's
+    /// parsing: `1/true/yes/on/enable` or `0/false/no/off/disable`; default
+    /// true, i.e. [`PeerMem`](Self::PeerMem)).
+    FromEnv,
+    /// Plain `ibv_reg_mr` on the device pointer; needs `nvidia-peermem`.
+    PeerMem,
+    /// Export a DMA-BUF fd and register that; needs no kernel module.
+    DmaBuf,
+    /// Detect which of the two works on this host.
+    Auto,
+}
+
+impl GpuRegistration {
+    pub(crate) fn raw(self) -> i32 {
+        match self {
+            Self::FromEnv => sys::MC_GPU_REG_FROM_ENV as i32,
+            Self::PeerMem => sys::MC_GPU_REG_PEERMEM as i32,
+            Self::DmaBuf => sys::MC_GPU_REG_DMABUF as i32,
+            Self::Auto => sys::MC_GPU_REG_AUTO as i32,
+        }
+    }
+
+    pub(crate) fn from_raw(v: i32) -> Self {
+        match v {
+            1 => Self::PeerMem,
+            2 => Self::DmaBuf,
+            3 => Self::Auto,
+            _ => Self::FromEnv,
+        }
+    }
+}
+
 /// Builds an [`Engine`]. Defaults follow upstream Mooncake (and its `MC_*`
 /// environment variables), except that listeners bind to the local host
 /// rather than to every interface.
@@ -57,6 +93,9 @@ pub struct EngineBuilder {
     tcp_pipeline_depth: Option<u32>,
     tcp_version: Option<TcpVersion>,
     metadata_cache: Option<bool>,
+    device_allow_list: Option<String>,
+    device_deny_list: Option<String>,
+    gpu_registration: GpuRegistration,
 }
 
 impl Default for EngineBuilder {
@@ -77,6 +116,9 @@ impl Default for EngineBuilder {
             tcp_pipeline_depth: None,
             tcp_version: None,
             metadata_cache: None,
+            device_allow_list: None,
+            device_deny_list: None,
+            gpu_registration: GpuRegistration::FromEnv,
         }
     }
 }
@@ -192,6 +234,28 @@ impl EngineBuilder {
         self
     }
 
+    /// RDMA devices the engine may use, e.g. `["mlx5_0", "mlx5_1"]` (the
+    /// connector's `device_name`; default: `MC_TE_FILTERS`, else all).
+    pub fn device_allow_list<S: AsRef<str>>(
+        mut self,
+        devices: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.device_allow_list = Some(join(devices));
+        self
+    }
+
+    /// RDMA devices the engine must not use.
+    pub fn device_deny_list<S: AsRef<str>>(mut self, devices: impl IntoIterator<Item = S>) -> Self {
+        self.device_deny_list = Some(join(devices));
+        self
+    }
+
+    /// How GPU memory is registered (default [`GpuRegistration::FromEnv`]).
+    pub fn gpu_registration(mut self, mode: GpuRegistration) -> Self {
+        self.gpu_registration = mode;
+        self
+    }
+
     /// Starts the engine: binds its listeners and installs the transport.
     pub fn build(self) -> Result<Engine> {
         ffi::install_log_sink();
@@ -253,8 +317,34 @@ impl EngineBuilder {
         if let Some(on) = self.metadata_cache {
             cfg.metadata_cache = u32::from(on);
         }
+        let allow = self
+            .device_allow_list
+            .as_deref()
+            .map(|s| OwnedCString::new("device_allow_list", s))
+            .transpose()?;
+        let deny = self
+            .device_deny_list
+            .as_deref()
+            .map(|s| OwnedCString::new("device_deny_list", s))
+            .transpose()?;
+        if let Some(a) = &allow {
+            cfg.device_allow_list = a.as_ptr();
+        }
+        if let Some(d) = &deny {
+            cfg.device_deny_list = d.as_ptr();
+        }
+        cfg.gpu_registration_mode = self.gpu_registration.raw();
         let raw = ffi::RawEngine::create(&cfg)?;
         // The CStrings above outlive the call; the engine copied them.
         Engine::from_shared(EngineShared::new(raw)?)
     }
+}
+
+fn join<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> String {
+    items
+        .into_iter()
+        .map(|s| s.as_ref().trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(",")
 }

@@ -2,7 +2,7 @@
 use std::sync::Arc;
 
 use crate::batch::Batch;
-use crate::config::EngineBuilder;
+use crate::config::{EngineBuilder, GpuRegistration};
 use crate::error::Result;
 use crate::ffi::{self, OwnedCString, RawEngine};
 use crate::memory::{Access, RegisterableMemory, RegisteredSlice, Registration};
@@ -77,6 +77,26 @@ impl Engine {
     /// The TCP data port.
     pub fn tcp_data_port(&self) -> u16 {
         self.shared.tcp_data_port
+    }
+
+    /// The GPU registration mode in force ([`GpuRegistration::FromEnv`] is
+    /// resolved when the engine starts).
+    pub fn gpu_registration(&self) -> Result<GpuRegistration> {
+        Ok(GpuRegistration::from_raw(
+            self.shared.raw.gpu_registration_mode()?,
+        ))
+    }
+
+    /// The RDMA device allow-list and deny-list in force.
+    pub fn device_filters(&self) -> Result<(Vec<String>, Vec<String>)> {
+        let (a, d) = self.shared.raw.device_filters()?;
+        let split = |s: String| {
+            s.split(',')
+                .filter(|x| !x.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
+        Ok((split(a), split(d)))
     }
 
     /// The engine's version string.

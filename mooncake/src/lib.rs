@@ -100,7 +100,7 @@ mod notify;
 mod segment;
 
 pub use batch::{Batch, Opcode, TaskStatus};
-pub use config::{EngineBuilder, Metadata, Protocol, TcpVersion};
+pub use config::{EngineBuilder, GpuRegistration, Metadata, Protocol, TcpVersion};
 pub use engine::Engine;
 pub use error::{Error, ErrorCode, Result};
 pub use memory::{

@@ -18,10 +18,11 @@
 //!
 //! Registered memory is shared with DMA and, when remote-accessible, with
 //! peers, so this crate never hands out `&[u8]` to remote-accessible memory:
-//! read and write it with [`Registration::read_at`] and
-//! [`Registration::write_at`], or take the memory back with
-//! [`Registration::into_inner`]. Bytes copied out while a transfer writes
-//! them are unspecified (not undefined).
+//! read and write it with [`Registration::read_at`],
+//! [`Registration::write_at`] and [`Registration::write_shared`] (copies that
+//! use atomic accesses where they may run concurrently), or take the memory
+//! back with [`Registration::into_inner`]. Bytes copied out while a transfer
+//! writes them are unspecified (not undefined).
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
@@ -184,6 +185,16 @@ impl<M: RegisterableMemory> Registration<M> {
     /// Copies `data` into the buffer at `offset`.
     pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         self.inner.region_mut().write_at(offset, data)
+    }
+
+    /// Copies `data` into the buffer at `offset` through a shared reference,
+    /// with relaxed atomic stores: threads may fill different parts of one
+    /// registration while batches transfer other parts (a KV cache being
+    /// computed block by block while finished blocks are sent). Writing bytes
+    /// that a transfer is reading at the same time sends unspecified bytes;
+    /// it is never undefined behaviour.
+    pub fn write_shared(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.inner.region().write_shared(offset, data)
     }
 
     /// Sets every byte of the buffer (e.g. to poison it before a test).

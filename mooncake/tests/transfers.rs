@@ -258,3 +258,23 @@ fn segment_refresh_sees_new_buffers_and_probe() {
     assert_eq!(bufs.len(), 2);
     assert!(bufs.iter().any(|b| b.len == 8192));
 }
+
+#[test]
+fn engine_settings_reach_the_engine() {
+    use mooncake::{Engine, GpuRegistration};
+    let e = Engine::builder()
+        .device_allow_list(["mlx5_0", " mlx5_1 "])
+        .device_deny_list(["mlx5_3"])
+        .gpu_registration(GpuRegistration::DmaBuf)
+        .build()
+        .unwrap();
+    assert_eq!(e.gpu_registration().unwrap(), GpuRegistration::DmaBuf);
+    let (allow, deny) = e.device_filters().unwrap();
+    assert_eq!(allow, ["mlx5_0", "mlx5_1"]);
+    assert_eq!(deny, ["mlx5_3"]);
+    // FromEnv resolves to upstream's default (peermem) without the variable.
+    if std::env::var_os("WITH_NVIDIA_PEERMEM").is_none() {
+        let d = Engine::builder().build().unwrap();
+        assert_eq!(d.gpu_registration().unwrap(), GpuRegistration::PeerMem);
+    }
+}

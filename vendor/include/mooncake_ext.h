@@ -127,6 +127,12 @@ const char *mc_engine_version(void);
  * (without NUL) in *needed; MC_ERR_BUFFER_TOO_SMALL when it did not fit. */
 int mc_engine_segment_name(transfer_engine_t engine, char *buf, size_t len, size_t *needed);
 int mc_engine_ports(transfer_engine_t engine, uint16_t *rpc_port, uint16_t *tcp_data_port);
+/* The GPU registration mode in force (MC_GPU_REG_PEERMEM, _DMABUF or _AUTO;
+ * MC_GPU_REG_FROM_ENV is resolved from WITH_NVIDIA_PEERMEM at creation). */
+int mc_engine_gpu_registration_mode(transfer_engine_t engine, int32_t *mode);
+/* The RDMA device allow-list and deny-list, comma-separated. */
+int mc_engine_device_filters(transfer_engine_t engine, char *allow, size_t allow_len, char *deny,
+                             size_t deny_len);
 
 /* Buffers of an opened remote segment, as its descriptor lists them. */
 typedef struct mc_buffer_info {

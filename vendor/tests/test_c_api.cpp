@@ -96,3 +96,40 @@ TEST(capi_batch_register_and_unregister) {
     CHECK_EQ(unregisterLocalMemory(e, m.data()), ERR_ADDRESS_NOT_REGISTERED);
     destroyTransferEngine(e);
 }
+
+TEST(capi_with_nvidia_peermem_parsing) {
+    struct Case {
+        const char *value;
+        int32_t mode;
+    } cases[] = {{nullptr, MC_GPU_REG_PEERMEM}, {"0", MC_GPU_REG_DMABUF},   {"off", MC_GPU_REG_DMABUF},
+                 {" FALSE ", MC_GPU_REG_DMABUF}, {"1", MC_GPU_REG_PEERMEM}, {"enable", MC_GPU_REG_PEERMEM},
+                 {"maybe", MC_GPU_REG_PEERMEM}};
+    for (const auto &c : cases) {
+        if (c.value) setenv("WITH_NVIDIA_PEERMEM", c.value, 1);
+        else unsetenv("WITH_NVIDIA_PEERMEM");
+        transfer_engine_t e = make_engine();
+        REQUIRE(e);
+        int32_t mode = -1;
+        CHECK_EQ(mc_engine_gpu_registration_mode(e, &mode), 0);
+        if (mode != c.mode)
+            mctest::record_failure(__FILE__, __LINE__,
+                                   std::string("WITH_NVIDIA_PEERMEM=") + (c.value ? c.value : "(unset)") +
+                                       " gave mode " + std::to_string(mode));
+        destroyTransferEngine(e);
+    }
+    unsetenv("WITH_NVIDIA_PEERMEM");
+    // An explicit mode wins over the variable.
+    setenv("WITH_NVIDIA_PEERMEM", "0", 1);
+    mc_engine_config_t c;
+    mc_engine_config_default(&c);
+    c.local_server_name = "127.0.0.1";
+    c.bind_address = "127.0.0.1";
+    c.gpu_registration_mode = MC_GPU_REG_AUTO;
+    transfer_engine_t e = mc_engine_create(&c);
+    REQUIRE(e);
+    int32_t mode = -1;
+    mc_engine_gpu_registration_mode(e, &mode);
+    CHECK_EQ(mode, MC_GPU_REG_AUTO);
+    destroyTransferEngine(e);
+    unsetenv("WITH_NVIDIA_PEERMEM");
+}

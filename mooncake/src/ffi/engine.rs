@@ -136,6 +136,40 @@ impl RawEngine {
         Ok((rpc, data))
     }
 
+    pub(crate) fn gpu_registration_mode(&self) -> Result<i32> {
+        let mut mode = 0i32;
+        // SAFETY: `mode` is a valid out-pointer.
+        check(unsafe { sys::mc_engine_gpu_registration_mode(self.handle(), &mut mode) })?;
+        Ok(mode)
+    }
+
+    pub(crate) fn device_filters(&self) -> Result<(String, String)> {
+        let mut allow = vec![0 as c_char; 4096];
+        let mut deny = vec![0 as c_char; 4096];
+        // SAFETY: both buffers are writable for their lengths; NUL-terminated
+        // on success.
+        check(unsafe {
+            sys::mc_engine_device_filters(
+                self.handle(),
+                allow.as_mut_ptr(),
+                allow.len(),
+                deny.as_mut_ptr(),
+                deny.len(),
+            )
+        })?;
+        // SAFETY: NUL-terminated on success (checked above).
+        let (a, d) = unsafe {
+            (
+                CStr::from_ptr(allow.as_ptr()),
+                CStr::from_ptr(deny.as_ptr()),
+            )
+        };
+        Ok((
+            a.to_string_lossy().into_owned(),
+            d.to_string_lossy().into_owned(),
+        ))
+    }
+
     /// Registers `len` bytes at `ptr`.
     ///
     /// # Safety

@@ -3,6 +3,7 @@ use std::alloc::{self, Layout};
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -172,30 +173,42 @@ impl RegisteredRegion {
         }
     }
 
-    /// Copies bytes out of the region. Bytes that a transfer is writing at
-    /// the same moment are unspecified, never undefined: no reference to the
-    /// region is ever created.
+    /// Copies bytes out of the region with relaxed atomic loads, so it never
+    /// races (in Rust's sense) with [`write_shared`](Self::write_shared) on
+    /// another thread. Bytes that a transfer writes at the same moment are
+    /// unspecified, never undefined: no reference to the region is created.
     pub(crate) fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
-        // SAFETY: the range is inside the registered memory, which is valid
-        // until this region is dropped; `out` is a distinct Rust buffer
-        // (registered memory is never handed out as a slice, so it cannot
-        // alias it).
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
+        // SAFETY: the range lies inside memory that stays valid until this
+        // region is dropped; it is only ever accessed through atomics or
+        // while exclusively borrowed (`&mut self` methods).
+        unsafe { atomic_copy_out(self.ptr.add(offset), out) };
         Ok(())
     }
 
-    /// Copies bytes into the region. `&mut self` keeps Rust writers apart;
-    /// the caller ensures no transfer uses the range (batches borrow the
-    /// registration, so in-flight ones forbid `&mut`).
+    /// Copies bytes into the region through `&self`, with relaxed atomic
+    /// stores: several threads may write (disjoint or not) at once without
+    /// undefined behaviour, while transfers use other parts of the region.
+    pub(crate) fn write_shared(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len())?;
+        // SAFETY: as in `read_at`.
+        unsafe { atomic_copy_in(self.ptr.add(offset), data) };
+        Ok(())
+    }
+
+    /// Copies bytes into the region. `&mut self` keeps Rust readers and
+    /// writers away (batches borrow the registration, so in-flight ones
+    /// forbid `&mut`), so a plain copy is fine.
     pub(crate) fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
-        // SAFETY: as in `read_at`, with `data` a distinct Rust buffer.
+        // SAFETY: the range is inside the registered memory; `&mut self`
+        // excludes every other Rust access; `data` is a distinct buffer.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) };
         Ok(())
     }
 
     pub(crate) fn fill(&mut self, byte: u8) {
+        // `&mut self`: no other Rust access; a plain memset is fine.
         // SAFETY: the whole region is valid for writes (see `register`).
         unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) };
     }
@@ -249,6 +262,60 @@ impl Drop for RegisteredRegion {
             eprintln!("mooncake: unregistering memory at {:#x} failed ({e}); aborting to avoid memory corruption", self.addr());
             std::process::abort();
         }
+    }
+}
+
+/// Copies `out.len()` bytes from `src` with relaxed atomic loads (8 bytes at
+/// a time where aligned).
+///
+/// # Safety
+/// `src` must be valid for reads of `out.len()` bytes, and every concurrent
+/// Rust access to those bytes must be atomic too.
+unsafe fn atomic_copy_out(src: *const u8, out: &mut [u8]) {
+    let n = out.len();
+    let mut i = 0usize;
+    while i < n && (src as usize + i) % 8 != 0 {
+        // SAFETY: in bounds per the contract; AtomicU8 has no alignment needs.
+        out[i] = unsafe { AtomicU8::from_ptr(src.add(i).cast_mut()) }.load(Ordering::Relaxed);
+        i += 1;
+    }
+    while i + 8 <= n {
+        // SAFETY: in bounds and 8-byte aligned (loop above).
+        let v = unsafe { AtomicU64::from_ptr(src.add(i).cast::<u64>().cast_mut()) }
+            .load(Ordering::Relaxed);
+        out[i..i + 8].copy_from_slice(&v.to_ne_bytes());
+        i += 8;
+    }
+    while i < n {
+        // SAFETY: in bounds per the contract.
+        out[i] = unsafe { AtomicU8::from_ptr(src.add(i).cast_mut()) }.load(Ordering::Relaxed);
+        i += 1;
+    }
+}
+
+/// Copies `data` to `dst` with relaxed atomic stores.
+///
+/// # Safety
+/// `dst` must be valid for writes of `data.len()` bytes, and every concurrent
+/// Rust access to those bytes must be atomic too.
+unsafe fn atomic_copy_in(dst: *mut u8, data: &[u8]) {
+    let n = data.len();
+    let mut i = 0usize;
+    while i < n && (dst as usize + i) % 8 != 0 {
+        // SAFETY: in bounds per the contract.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(data[i], Ordering::Relaxed);
+        i += 1;
+    }
+    while i + 8 <= n {
+        let v = u64::from_ne_bytes(data[i..i + 8].try_into().expect("8 bytes"));
+        // SAFETY: in bounds and 8-byte aligned.
+        unsafe { AtomicU64::from_ptr(dst.add(i).cast::<u64>()) }.store(v, Ordering::Relaxed);
+        i += 8;
+    }
+    while i < n {
+        // SAFETY: in bounds per the contract.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(data[i], Ordering::Relaxed);
+        i += 1;
     }
 }
 

@@ -120,6 +120,25 @@ int mc_engine_ports(transfer_engine_t engine, uint16_t *rpc_port, uint16_t *tcp_
     });
 }
 
+int mc_engine_gpu_registration_mode(transfer_engine_t engine, int32_t *mode) {
+    return guard_errcode("mc_engine_gpu_registration_mode", [&] {
+        TransferEngine *e = engine_of(engine, "mc_engine_gpu_registration_mode");
+        if (!mode) throw Error(kErrInvalidArgument, "mode pointer is null");
+        *mode = static_cast<int32_t>(e->config().gpu_registration_mode);
+        return 0;
+    });
+}
+
+int mc_engine_device_filters(transfer_engine_t engine, char *allow, size_t allow_len, char *deny,
+                             size_t deny_len) {
+    return guard_errcode("mc_engine_device_filters", [&] {
+        TransferEngine *e = engine_of(engine, "mc_engine_device_filters");
+        copy_out(join_list(e->config().device_allow_list), allow, allow_len, nullptr);
+        copy_out(join_list(e->config().device_deny_list), deny, deny_len, nullptr);
+        return 0;
+    });
+}
+
 int mc_segment_buffers(transfer_engine_t engine, segment_id_t segment_id, mc_buffer_info_t *out,
                        size_t cap, size_t *count) {
     return guard_errcode("mc_segment_buffers", [&] {

@@ -57,6 +57,23 @@ EngineConfig EngineConfig::from_env() {
     return c;
 }
 
+GpuRegistrationMode resolve_gpu_registration_mode(GpuRegistrationMode m) {
+    if (m != GpuRegistrationMode::FromEnv) return m;
+    // Upstream's rule: WITH_NVIDIA_PEERMEM defaults to true; values it cannot
+    // parse keep the default.
+    return env_bool("WITH_NVIDIA_PEERMEM", true) ? GpuRegistrationMode::PeerMem
+                                                 : GpuRegistrationMode::DmaBuf;
+}
+
+std::string join_list(const std::vector<std::string> &v) {
+    std::string out;
+    for (const auto &s : v) {
+        if (!out.empty()) out.push_back(',');
+        out += s;
+    }
+    return out;
+}
+
 void EngineConfig::validate() const {
     auto fail = [](const std::string &m) { throw Error(kErrInvalidArgument, m); };
     if (metadata_conn_string.empty()) fail("metadata_conn_string is empty");

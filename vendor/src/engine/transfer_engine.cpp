@@ -41,6 +41,7 @@ TransferEngine::TransferEngine(EngineConfig cfg)
       notifies_(cfg_.max_notifications),
       segments_([this](const std::string &n) { return fetch_descriptor(n); }) {
     cfg_.validate();
+    cfg_.gpu_registration_mode = resolve_gpu_registration_mode(cfg_.gpu_registration_mode);
     if (cfg_.metadata_conn_string != "P2PHANDSHAKE")
         throw Error(kErrNotImplemented,
                     "metadata backend '" + cfg_.metadata_conn_string +
