@@ -6,5 +6,7 @@
 //! holds the pieces that tests, examples and the `mooncake-peer` tool share.
 #![deny(missing_docs)]
 
+pub mod connector;
 pub mod peer_protocol;
+pub mod sim;
 pub mod testkit;

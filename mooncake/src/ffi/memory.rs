@@ -274,7 +274,7 @@ impl Drop for RegisteredRegion {
 unsafe fn atomic_copy_out(src: *const u8, out: &mut [u8]) {
     let n = out.len();
     let mut i = 0usize;
-    while i < n && (src as usize + i) % 8 != 0 {
+    while i < n && !(src as usize + i).is_multiple_of(8) {
         // SAFETY: in bounds per the contract; AtomicU8 has no alignment needs.
         out[i] = unsafe { AtomicU8::from_ptr(src.add(i).cast_mut()) }.load(Ordering::Relaxed);
         i += 1;
@@ -301,7 +301,7 @@ unsafe fn atomic_copy_out(src: *const u8, out: &mut [u8]) {
 unsafe fn atomic_copy_in(dst: *mut u8, data: &[u8]) {
     let n = data.len();
     let mut i = 0usize;
-    while i < n && (dst as usize + i) % 8 != 0 {
+    while i < n && !(dst as usize + i).is_multiple_of(8) {
         // SAFETY: in bounds per the contract.
         unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(data[i], Ordering::Relaxed);
         i += 1;

@@ -1,0 +1,512 @@
+//! The connector's configuration: vLLM's `--kv-transfer-config` JSON and
+//! the `VLLM_MOONCAKE_*` environment variables, with vLLM's names, types and
+//! defaults. Every bad value is an error naming its key.
+use std::net::IpAddr;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::error::ConnectorError;
+
+/// `kv_role`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvRole {
+    /// A prefiller: computes KV and sends it.
+    Producer,
+    /// A decoder: receives KV.
+    Consumer,
+    /// Both in one engine.
+    Both,
+}
+
+impl KvRole {
+    /// Whether this role sends KV (runs the producer and the bootstrap server).
+    pub fn is_producer(self) -> bool {
+        matches!(self, Self::Producer | Self::Both)
+    }
+    /// Whether this role receives KV.
+    pub fn is_consumer(self) -> bool {
+        matches!(self, Self::Consumer | Self::Both)
+    }
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Producer => "kv_producer",
+            Self::Consumer => "kv_consumer",
+            Self::Both => "kv_both",
+        }
+    }
+}
+
+/// What a decoder does when KV could not be loaded (`kv_load_failure_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadFailurePolicy {
+    /// Fail the request.
+    Fail,
+    /// Recompute the prompt locally.
+    Recompute,
+}
+
+/// `mooncake_protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MooncakeProtocol {
+    /// RDMA when usable, else TCP (upstream's auto-discovery).
+    Rdma,
+    /// TCP.
+    Tcp,
+}
+
+/// An external bootstrap server (`bootstrap_server_address`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPort {
+    /// Host name or address.
+    pub host: String,
+    /// Port (1..=65535).
+    pub port: u16,
+}
+
+impl HostPort {
+    /// Parses `"host:port"` with vLLM's rule: non-empty host, port 1..65535.
+    pub fn parse(key: &str, s: &str) -> Result<Self, ConnectorError> {
+        let bad =
+            |why: &str| ConnectorError::config(key, format!("{s:?} is not \"host:port\" ({why})"));
+        let (host, port) = s.rsplit_once(':').ok_or_else(|| bad("no ':'"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(bad("empty host"));
+        }
+        let port: u32 = port.parse().map_err(|_| bad("the port is not a number"))?;
+        if !(1..=65535).contains(&port) {
+            return Err(bad("the port must be in 1..65535"));
+        }
+        Ok(Self {
+            host: host.to_string(),
+            port: port as u16,
+        })
+    }
+
+    /// `http://host:port`.
+    pub fn url(&self) -> String {
+        if self.host.contains(':') {
+            format!("http://[{}]:{}", self.host, self.port)
+        } else {
+            format!("http://{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// The parsed `--kv-transfer-config`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvTransferConfig {
+    /// `kv_connector` (must be `"MooncakeConnector"`).
+    pub kv_connector: String,
+    /// `kv_role`.
+    pub kv_role: KvRole,
+    /// `engine_id`; a random UUID when absent.
+    pub engine_id: String,
+    /// `kv_load_failure_policy` (default `fail`).
+    pub kv_load_failure_policy: LoadFailurePolicy,
+    /// `kv_connector_extra_config.num_workers` (default 10).
+    pub num_workers: usize,
+    /// `kv_connector_extra_config.mooncake_protocol` (default `rdma`).
+    pub mooncake_protocol: MooncakeProtocol,
+    /// `kv_connector_extra_config.device_name`: the NIC allow-list handed to
+    /// the engine (comma-separated; default empty = all).
+    pub device_name: Vec<String>,
+    /// `kv_connector_extra_config.bootstrap_server_address`: an external
+    /// bootstrap server; when set, no embedded server is started.
+    pub bootstrap_server_address: Option<HostPort>,
+}
+
+fn get_str<'a>(
+    obj: &'a serde_json::Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<&'a str>, ConnectorError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(ConnectorError::config(
+            path,
+            format!("expected a string, got {other}"),
+        )),
+    }
+}
+
+impl KvTransferConfig {
+    /// Parses the JSON text of `--kv-transfer-config`.
+    pub fn from_json(text: &str) -> Result<Self, ConnectorError> {
+        let v: Value = serde_json::from_str(text).map_err(|e| {
+            ConnectorError::config("kv_transfer_config", format!("not valid JSON: {e}"))
+        })?;
+        Self::from_value(&v)
+    }
+
+    /// Parses an already decoded JSON value.
+    pub fn from_value(v: &Value) -> Result<Self, ConnectorError> {
+        let obj = v.as_object().ok_or_else(|| {
+            ConnectorError::config("kv_transfer_config", "expected a JSON object")
+        })?;
+        let kv_connector = get_str(obj, "kv_connector", "kv_connector")?
+            .ok_or_else(|| {
+                ConnectorError::config("kv_connector", "missing (expected \"MooncakeConnector\")")
+            })?
+            .to_string();
+        if kv_connector != "MooncakeConnector" {
+            return Err(ConnectorError::config(
+                "kv_connector",
+                format!("{kv_connector:?} is not supported by this connector (expected \"MooncakeConnector\")"),
+            ));
+        }
+        let kv_role = match get_str(obj, "kv_role", "kv_role")? {
+            Some("kv_producer") => KvRole::Producer,
+            Some("kv_consumer") => KvRole::Consumer,
+            Some("kv_both") => KvRole::Both,
+            Some(other) => {
+                return Err(ConnectorError::config(
+                    "kv_role",
+                    format!("{other:?} is not one of kv_producer, kv_consumer, kv_both"),
+                ))
+            }
+            None => {
+                return Err(ConnectorError::config(
+                    "kv_role",
+                    "missing (kv_producer, kv_consumer or kv_both)",
+                ))
+            }
+        };
+        let engine_id = match get_str(obj, "engine_id", "engine_id")? {
+            Some("") => return Err(ConnectorError::config("engine_id", "must not be empty")),
+            Some(s) => s.to_string(),
+            None => uuid::Uuid::new_v4().to_string(),
+        };
+        let kv_load_failure_policy =
+            match get_str(obj, "kv_load_failure_policy", "kv_load_failure_policy")? {
+                None | Some("fail") => LoadFailurePolicy::Fail,
+                Some("recompute") => LoadFailurePolicy::Recompute,
+                Some(other) => {
+                    return Err(ConnectorError::config(
+                        "kv_load_failure_policy",
+                        format!("{other:?} is not one of fail, recompute"),
+                    ))
+                }
+            };
+        let empty = serde_json::Map::new();
+        let extra = match obj.get("kv_connector_extra_config") {
+            None | Some(Value::Null) => &empty,
+            Some(Value::Object(m)) => m,
+            Some(other) => {
+                return Err(ConnectorError::config(
+                    "kv_connector_extra_config",
+                    format!("expected a JSON object, got {other}"),
+                ))
+            }
+        };
+        let num_workers = match extra.get("num_workers") {
+            None | Some(Value::Null) => 10,
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(k) if (1..=1024).contains(&k) => k as usize,
+                _ => {
+                    return Err(ConnectorError::config(
+                        "kv_connector_extra_config.num_workers",
+                        format!("{n} is not an integer in 1..1024"),
+                    ))
+                }
+            },
+            Some(other) => {
+                return Err(ConnectorError::config(
+                    "kv_connector_extra_config.num_workers",
+                    format!("expected an integer, got {other}"),
+                ))
+            }
+        };
+        let mooncake_protocol = match get_str(
+            extra,
+            "mooncake_protocol",
+            "kv_connector_extra_config.mooncake_protocol",
+        )? {
+            None | Some("rdma") => MooncakeProtocol::Rdma,
+            Some("tcp") => MooncakeProtocol::Tcp,
+            Some(other) => {
+                return Err(ConnectorError::config(
+                    "kv_connector_extra_config.mooncake_protocol",
+                    format!("{other:?} is not one of rdma, tcp"),
+                ))
+            }
+        };
+        let device_name = get_str(
+            extra,
+            "device_name",
+            "kv_connector_extra_config.device_name",
+        )?
+        .map(|s| {
+            s.split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+        let bootstrap_server_address = match get_str(
+            extra,
+            "bootstrap_server_address",
+            "kv_connector_extra_config.bootstrap_server_address",
+        )? {
+            None => None,
+            Some(s) => Some(HostPort::parse(
+                "kv_connector_extra_config.bootstrap_server_address",
+                s,
+            )?),
+        };
+        Ok(Self {
+            kv_connector,
+            kv_role,
+            engine_id,
+            kv_load_failure_policy,
+            num_workers,
+            mooncake_protocol,
+            device_name,
+            bootstrap_server_address,
+        })
+    }
+}
+
+/// The `VLLM_MOONCAKE_*` and `VLLM_HOST_IP` environment variables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConnectorEnv {
+    /// `VLLM_MOONCAKE_BOOTSTRAP_PORT` (int, default 8998).
+    pub bootstrap_port: u16,
+    /// `VLLM_MOONCAKE_CONNECTOR_TIMEOUT` (float seconds, default 30): each
+    /// bootstrap HTTP call.
+    pub connector_timeout: Duration,
+    /// `VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT` (int seconds, default 480).
+    pub abort_request_timeout: Duration,
+    /// `VLLM_HOST_IP`: the address advertised to peers (default: the first
+    /// non-loopback IPv4 address of an interface that is up, else 127.0.0.1).
+    pub host_ip: String,
+}
+
+impl Default for ConnectorEnv {
+    fn default() -> Self {
+        Self {
+            bootstrap_port: 8998,
+            connector_timeout: Duration::from_secs(30),
+            abort_request_timeout: Duration::from_secs(480),
+            host_ip: "127.0.0.1".into(),
+        }
+    }
+}
+
+impl ConnectorEnv {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConnectorError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads variables through `get` (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConnectorError> {
+        let mut e = Self::default();
+        if let Some(v) = get("VLLM_MOONCAKE_BOOTSTRAP_PORT") {
+            e.bootstrap_port = match v.trim().parse::<u32>() {
+                Ok(p) if (1..=65535).contains(&p) => p as u16,
+                _ => {
+                    return Err(ConnectorError::config(
+                        "VLLM_MOONCAKE_BOOTSTRAP_PORT",
+                        format!("{v:?} is not a port (1..65535)"),
+                    ))
+                }
+            };
+        }
+        if let Some(v) = get("VLLM_MOONCAKE_CONNECTOR_TIMEOUT") {
+            e.connector_timeout = match v.trim().parse::<f64>() {
+                Ok(s) if s.is_finite() && s > 0.0 && s < 1e7 => Duration::from_secs_f64(s),
+                _ => {
+                    return Err(ConnectorError::config(
+                        "VLLM_MOONCAKE_CONNECTOR_TIMEOUT",
+                        format!("{v:?} is not a positive number of seconds"),
+                    ))
+                }
+            };
+        }
+        if let Some(v) = get("VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT") {
+            e.abort_request_timeout = match v.trim().parse::<u64>() {
+                Ok(s) if s > 0 => Duration::from_secs(s),
+                _ => {
+                    return Err(ConnectorError::config(
+                        "VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT",
+                        format!("{v:?} is not a positive integer number of seconds"),
+                    ))
+                }
+            };
+        }
+        e.host_ip = match get("VLLM_HOST_IP") {
+            Some(ip) if !ip.trim().is_empty() => {
+                let ip = ip.trim().to_string();
+                if ip.parse::<IpAddr>().is_err() {
+                    return Err(ConnectorError::config(
+                        "VLLM_HOST_IP",
+                        format!("{ip:?} is not an IP address"),
+                    ));
+                }
+                ip
+            }
+            _ => detect_host_ip(),
+        };
+        Ok(e)
+    }
+
+    /// The decoder's side-channel receive timeout: abort timeout + 60 s.
+    pub fn receive_timeout(&self) -> Duration {
+        self.abort_request_timeout + Duration::from_secs(60)
+    }
+}
+
+/// The first IPv4 address of an interface that is up and not loopback, found
+/// without sending any packet; 127.0.0.1 when there is none.
+pub fn detect_host_ip() -> String {
+    if let Ok(ifs) = if_addrs::get_if_addrs() {
+        for i in ifs {
+            if let IpAddr::V4(v4) = i.ip() {
+                if !i.is_loopback() && !v4.is_link_local() {
+                    return v4.to_string();
+                }
+            }
+        }
+    }
+    "127.0.0.1".to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn seed_guide_configs_parse_with_defaults() {
+        let p = KvTransferConfig::from_json(
+            r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_producer"}"#,
+        )
+        .unwrap();
+        assert_eq!(p.kv_role, KvRole::Producer);
+        assert_eq!(p.num_workers, 10);
+        assert_eq!(p.mooncake_protocol, MooncakeProtocol::Rdma);
+        assert!(p.device_name.is_empty());
+        assert!(p.bootstrap_server_address.is_none());
+        assert_eq!(p.kv_load_failure_policy, LoadFailurePolicy::Fail);
+        assert_eq!(
+            uuid::Uuid::parse_str(&p.engine_id)
+                .unwrap()
+                .get_version_num(),
+            4
+        );
+        let c = KvTransferConfig::from_json(
+            r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_consumer","engine_id":"d0",
+                "kv_connector_extra_config":{"num_workers":4,"mooncake_protocol":"tcp",
+                "device_name":"mlx5_0, mlx5_1","bootstrap_server_address":"10.0.0.1:9000"},
+                "kv_load_failure_policy":"recompute","kv_buffer_size":1e9}"#,
+        )
+        .unwrap();
+        assert_eq!(c.kv_role, KvRole::Consumer);
+        assert_eq!(c.engine_id, "d0");
+        assert_eq!(c.num_workers, 4);
+        assert_eq!(c.mooncake_protocol, MooncakeProtocol::Tcp);
+        assert_eq!(c.device_name, ["mlx5_0", "mlx5_1"]);
+        assert_eq!(
+            c.bootstrap_server_address,
+            Some(HostPort {
+                host: "10.0.0.1".into(),
+                port: 9000
+            })
+        );
+        assert_eq!(c.kv_load_failure_policy, LoadFailurePolicy::Recompute);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let cases = [
+            (r#"{"kv_role":"kv_producer"}"#, "kv_connector"),
+            (
+                r#"{"kv_connector":"NixlConnector","kv_role":"kv_producer"}"#,
+                "kv_connector",
+            ),
+            (
+                r#"{"kv_connector":"MooncakeConnector","kv_role":"producer"}"#,
+                "kv_role",
+            ),
+            (
+                r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_connector_extra_config":{"num_workers":0}}"#,
+                "num_workers",
+            ),
+            (
+                r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_connector_extra_config":{"num_workers":"8"}}"#,
+                "num_workers",
+            ),
+            (
+                r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_connector_extra_config":{"mooncake_protocol":"nvlink"}}"#,
+                "mooncake_protocol",
+            ),
+            (
+                r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_connector_extra_config":{"bootstrap_server_address":":8998"}}"#,
+                "bootstrap_server_address",
+            ),
+            (
+                r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_connector_extra_config":{"bootstrap_server_address":"h:0"}}"#,
+                "bootstrap_server_address",
+            ),
+            (
+                r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_connector_extra_config":{"bootstrap_server_address":"h:70000"}}"#,
+                "bootstrap_server_address",
+            ),
+            (
+                r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_connector_extra_config":{"device_name":7}}"#,
+                "device_name",
+            ),
+            (
+                r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_load_failure_policy":"retry"}"#,
+                "kv_load_failure_policy",
+            ),
+            (r#"not json"#, "kv_transfer_config"),
+        ];
+        for (text, key) in cases {
+            let e = KvTransferConfig::from_json(text).unwrap_err();
+            assert!(e.to_string().contains(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn env_defaults_and_errors() {
+        let env = |pairs: &[(&str, &str)]| {
+            let m: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            ConnectorEnv::from_lookup(move |k| m.get(k).cloned())
+        };
+        let d = env(&[("VLLM_HOST_IP", "127.0.0.1")]).unwrap();
+        assert_eq!(d.bootstrap_port, 8998);
+        assert_eq!(d.connector_timeout, Duration::from_secs(30));
+        assert_eq!(d.abort_request_timeout, Duration::from_secs(480));
+        assert_eq!(d.receive_timeout(), Duration::from_secs(540));
+        let e = env(&[
+            ("VLLM_MOONCAKE_BOOTSTRAP_PORT", "9000"),
+            ("VLLM_MOONCAKE_CONNECTOR_TIMEOUT", "2.5"),
+            ("VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT", "3"),
+            ("VLLM_HOST_IP", "10.1.2.3"),
+        ])
+        .unwrap();
+        assert_eq!(e.bootstrap_port, 9000);
+        assert_eq!(e.connector_timeout, Duration::from_millis(2500));
+        assert_eq!(e.abort_request_timeout, Duration::from_secs(3));
+        assert_eq!(e.host_ip, "10.1.2.3");
+        for (k, v) in [
+            ("VLLM_MOONCAKE_BOOTSTRAP_PORT", "0"),
+            ("VLLM_MOONCAKE_BOOTSTRAP_PORT", "x"),
+            ("VLLM_MOONCAKE_CONNECTOR_TIMEOUT", "-1"),
+            ("VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT", "2.5"),
+            ("VLLM_HOST_IP", "not-an-ip"),
+        ] {
+            let err = env(&[(k, v)]).unwrap_err();
+            assert!(err.to_string().contains(k), "{k}={v}: {err}");
+        }
+    }
+}

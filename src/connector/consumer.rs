@@ -1,0 +1,353 @@
+//! The decode side: looks up prefill workers on the bootstrap server and
+//! pulls KV by sending them pull messages over ZMQ DEALER sockets; the
+//! prefillers write the blocks into this worker's registered memory and
+//! reply.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+use super::bootstrap::{BootstrapClient, QueryTable, RetryPolicy};
+use super::error::{ConnectorError, ConnectorErrorCode};
+use super::protocol::{decode, encode, GroupBlocks, XferMetadata, XferResponse, XferStatus};
+use super::regions::{check_tp_sizes, target_ranks};
+use super::stats::ConnectorStats;
+use super::worker::WorkerContext;
+
+/// One request to pull.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRequest {
+    /// The decoder's request id.
+    pub d_req_id: String,
+    /// The id shared with the prefiller.
+    pub transfer_id: String,
+    /// Destination blocks per KV-cache group; all empty = release the
+    /// prefiller's blocks without moving data.
+    pub blocks: GroupBlocks,
+}
+
+/// The result of a pull.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PullOutcome {
+    /// Requests whose KV arrived from every paired prefill rank.
+    pub ok: Vec<String>,
+    /// Requests that failed, with the reason.
+    pub failed: Vec<(String, String)>,
+}
+
+/// A prefill engine as the bootstrap server describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteEngine {
+    /// TP size (the number of TP ranks registered).
+    pub tp_size: usize,
+    /// tp rank → pp rank → side-channel address.
+    pub workers: BTreeMap<usize, BTreeMap<usize, String>>,
+}
+
+/// A running consumer for one TP rank.
+pub struct Consumer {
+    ctx: Arc<WorkerContext>,
+    bootstrap: BootstrapClient,
+    engines: Mutex<HashMap<String, RemoteEngine>>,
+    // One in-flight query per bootstrap address.
+    queries: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Consumer {
+    /// A consumer for the worker `ctx`.
+    pub fn new(ctx: Arc<WorkerContext>) -> Self {
+        let bootstrap = BootstrapClient::new(ctx.env.connector_timeout, RetryPolicy::default());
+        Self {
+            ctx,
+            bootstrap,
+            engines: Mutex::new(HashMap::new()),
+            queries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The prefill engine `engine_id`, from the cache or the bootstrap
+    /// server at `bootstrap_addr` (a URL such as `http://host:8998`).
+    pub async fn lookup(
+        &self,
+        bootstrap_addr: &str,
+        engine_id: &str,
+    ) -> Result<RemoteEngine, ConnectorError> {
+        if let Some(e) = self.engines.lock().unwrap().get(engine_id) {
+            return Ok(e.clone());
+        }
+        let gate = self
+            .queries
+            .lock()
+            .unwrap()
+            .entry(bootstrap_addr.to_string())
+            .or_default()
+            .clone();
+        let _g = gate.lock().await;
+        // Another task may have filled the cache meanwhile.
+        if let Some(e) = self.engines.lock().unwrap().get(engine_id) {
+            return Ok(e.clone());
+        }
+        let table = self.bootstrap.query(bootstrap_addr).await?;
+        self.cache_table(&table)?;
+        self.engines.lock().unwrap().get(engine_id).cloned().ok_or_else(|| {
+            ConnectorError::new(
+                ConnectorErrorCode::Bootstrap,
+                format!("remote engine_id {engine_id} not found from bootstrap server {bootstrap_addr}"),
+            )
+        })
+    }
+
+    fn cache_table(&self, table: &QueryTable) -> Result<(), ConnectorError> {
+        let mut engines = self.engines.lock().unwrap();
+        for (dp, entry) in table {
+            let mut workers = BTreeMap::new();
+            for (tp, pps) in &entry.worker_addr {
+                let tp: usize = tp.parse().map_err(|_| {
+                    ConnectorError::new(
+                        ConnectorErrorCode::Protocol,
+                        format!("bootstrap table: dp {dp} has tp rank {tp:?}"),
+                    )
+                })?;
+                let mut m = BTreeMap::new();
+                for (pp, addr) in pps {
+                    let pp: usize = pp.parse().map_err(|_| {
+                        ConnectorError::new(
+                            ConnectorErrorCode::Protocol,
+                            format!("bootstrap table: tp {tp} has pp rank {pp:?}"),
+                        )
+                    })?;
+                    m.insert(pp, addr.clone());
+                }
+                workers.insert(tp, m);
+            }
+            engines.insert(
+                entry.engine_id.clone(),
+                RemoteEngine {
+                    tp_size: workers.len(),
+                    workers,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Pulls `reqs` from the prefill engine `engine_id`. Every request ends
+    /// up in `ok` or in `failed` with a reason; nothing waits longer than the
+    /// receive timeout (abort timeout + 60 s) per reply.
+    pub async fn pull(
+        &self,
+        bootstrap_addr: &str,
+        engine_id: &str,
+        reqs: Vec<PullRequest>,
+    ) -> PullOutcome {
+        let ids: Vec<String> = reqs.iter().map(|r| r.d_req_id.clone()).collect();
+        let fail_all = |why: String| PullOutcome {
+            ok: vec![],
+            failed: ids.iter().map(|d| (d.clone(), why.clone())).collect(),
+        };
+        let remote = match self.lookup(bootstrap_addr, engine_id).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.count(0, ids.len());
+                return fail_all(e.detail);
+            }
+        };
+        let layout = &self.ctx.layout;
+        if let Err(e) = check_tp_sizes(remote.tp_size, layout.tp_size) {
+            self.count(0, ids.len());
+            return fail_all(e.detail);
+        }
+        let targets = target_ranks(layout.tp_size, remote.tp_size, layout.tp_rank);
+        let mut meta = XferMetadata {
+            remote_hostname: self.ctx.env.host_ip.clone(),
+            remote_port: self.ctx.engine.rpc_port() as u64,
+            remote_tp_size: 0,
+            remote_tp_rank: 0,
+            req_blocks: reqs
+                .iter()
+                .map(|r| {
+                    (
+                        r.d_req_id.clone(),
+                        (r.transfer_id.clone(), r.blocks.clone()),
+                    )
+                })
+                .collect(),
+            kv_caches_base_addr: vec![],
+            block_lens: vec![],
+            kv_block_lens: vec![],
+            registered_layer_names: vec![],
+            registered_layer_indices: vec![],
+            registered_group_indices: vec![],
+            remote_pp_size: 1,
+        };
+        layout.fill_metadata(&mut meta);
+        let payload = Bytes::from(encode(&meta));
+        let started = Instant::now();
+        let per_rank = futures::future::join_all(targets.iter().map(|&p_rank| {
+            let addr = remote
+                .workers
+                .get(&p_rank)
+                .and_then(|pps| pps.get(&0))
+                .cloned();
+            let payload = payload.clone();
+            let ids = ids.clone();
+            async move {
+                match addr {
+                    None => ids
+                        .iter()
+                        .map(|d| {
+                            (
+                                d.clone(),
+                                Err(format!("P tp_rank {p_rank} is not registered")),
+                            )
+                        })
+                        .collect(),
+                    Some(addr) => self.pull_from(p_rank, &addr, payload, &ids).await,
+                }
+            }
+        }))
+        .await;
+        // A request is done when every targeted prefill rank reported it ok.
+        let mut out = PullOutcome::default();
+        for id in &ids {
+            let mut why = None;
+            for results in &per_rank {
+                match results.get(id) {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => {
+                        why.get_or_insert_with(|| e.clone());
+                    }
+                    None => {
+                        why.get_or_insert_with(|| "no result from the prefill side".to_string());
+                    }
+                }
+            }
+            match why {
+                None => out.ok.push(id.clone()),
+                Some(w) => out.failed.push((id.clone(), w)),
+            }
+        }
+        let bytes: u64 = reqs
+            .iter()
+            .filter(|r| out.ok.contains(&r.d_req_id))
+            .map(|r| {
+                r.blocks.iter().map(|g| g.len() as u64).sum::<u64>() * self.kv_bytes_per_block()
+            })
+            .sum();
+        ConnectorStats::add(&self.ctx.stats.bytes_received, bytes);
+        self.count(out.ok.len(), out.failed.len());
+        for (id, why) in &out.failed {
+            tracing::warn!(target: "mooncake_connector::consumer", request = %id, engine = engine_id, "KV pull failed: {why}");
+        }
+        if !out.ok.is_empty() {
+            tracing::info!(target: "mooncake_connector::consumer", engine = engine_id, requests = out.ok.len(), bytes,
+                ms = started.elapsed().as_secs_f64() * 1e3, "KV received");
+        }
+        out
+    }
+
+    fn kv_bytes_per_block(&self) -> u64 {
+        self.ctx.layout.regions.iter().map(|r| r.kv_block_len).sum()
+    }
+
+    fn count(&self, ok: usize, failed: usize) {
+        ConnectorStats::add(&self.ctx.stats.pulls_ok, ok as u64);
+        ConnectorStats::add(&self.ctx.stats.pulls_failed, failed as u64);
+    }
+
+    /// One pull message to one prefill rank; the per-request results.
+    async fn pull_from(
+        &self,
+        p_rank: usize,
+        addr: &str,
+        payload: Bytes,
+        ids: &[String],
+    ) -> HashMap<String, Result<(), String>> {
+        let mut results: HashMap<String, Result<(), String>> = HashMap::new();
+        let fail_rest = |results: &mut HashMap<String, Result<(), String>>, why: String| {
+            for id in ids {
+                results
+                    .entry(id.clone())
+                    .or_insert_with(|| Err(why.clone()));
+            }
+        };
+        let timeout = self.ctx.env.receive_timeout();
+        let mut sock = zeromq::DealerSocket::new();
+        match tokio::time::timeout(self.ctx.env.connector_timeout, sock.connect(addr)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                fail_rest(
+                    &mut results,
+                    format!("cannot connect to P tp_rank {p_rank} at {addr}: {e}"),
+                );
+                return results;
+            }
+            Err(_) => {
+                fail_rest(
+                    &mut results,
+                    format!("connecting to P tp_rank {p_rank} at {addr} timed out"),
+                );
+                return results;
+            }
+        }
+        if let Err(e) = sock.send(ZmqMessage::from(payload)).await {
+            fail_rest(
+                &mut results,
+                format!("sending the pull to P tp_rank {p_rank} at {addr}: {e}"),
+            );
+            return results;
+        }
+        loop {
+            let msg = match tokio::time::timeout(timeout, sock.recv()).await {
+                Ok(Ok(m)) => m,
+                Ok(Err(e)) => {
+                    fail_rest(
+                        &mut results,
+                        format!("side channel to P tp_rank {p_rank} at {addr} failed: {e}"),
+                    );
+                    break;
+                }
+                Err(_) => {
+                    fail_rest(
+                        &mut results,
+                        format!("no reply from P tp_rank {p_rank} at {addr} within {timeout:?}"),
+                    );
+                    break;
+                }
+            };
+            let frames = msg.into_vec();
+            let Some(last) = frames.last() else { continue };
+            let resp: XferResponse = match decode("MooncakeXferResponse", last) {
+                Ok(r) => r,
+                Err(e) => {
+                    fail_rest(&mut results, e.detail);
+                    break;
+                }
+            };
+            let msg = resp
+                .err_msg
+                .clone()
+                .unwrap_or_else(|| "failed on the prefill side".into());
+            if resp.status == XferStatus::Error {
+                fail_rest(&mut results, format!("P tp_rank {p_rank}: {msg}"));
+                break;
+            }
+            for id in resp.ok_reqs.unwrap_or_default() {
+                results.insert(id, Ok(()));
+            }
+            for id in resp.err_reqs.unwrap_or_default() {
+                results.insert(id, Err(format!("P tp_rank {p_rank}: {msg}")));
+            }
+            if resp.status == XferStatus::Finish {
+                fail_rest(
+                    &mut results,
+                    format!("P tp_rank {p_rank} finished without reporting the request"),
+                );
+                break;
+            }
+        }
+        results
+    }
+}

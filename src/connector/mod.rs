@@ -1,0 +1,23 @@
+//! The MooncakeConnector equivalent: configuration, the bootstrap server and
+//! client, the ZMQ side channel with vLLM's msgpack messages, the KV region
+//! and descriptor planning, and the producer (prefill) and consumer (decode)
+//! workers.
+
+pub mod bootstrap;
+pub mod config;
+pub mod consumer;
+pub mod error;
+pub mod producer;
+pub mod protocol;
+pub mod regions;
+pub mod stats;
+pub mod worker;
+
+pub use config::{
+    ConnectorEnv, HostPort, KvRole, KvTransferConfig, LoadFailurePolicy, MooncakeProtocol,
+};
+pub use consumer::{Consumer, PullOutcome, PullRequest};
+pub use error::{ConnectorError, ConnectorErrorCode};
+pub use producer::{Producer, ProducerEvent};
+pub use stats::{ConnectorStats, StatsSnapshot};
+pub use worker::{build_engine, KvCacheSpec, WorkerContext};

@@ -1,0 +1,5 @@
+//! A simulated serving engine around the connector: the model whose KV the
+//! examples move, the prefill/decode engine and its OpenAI-style HTTP API,
+//! and the proxy.
+
+pub mod model;

@@ -1,0 +1,249 @@
+//! In-process prefill and decode workers (real engines on 127.0.0.1, real
+//! bootstrap server, real ZMQ side channel) for connector tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooncake_connector::connector::bootstrap::{
+    BootstrapClient, BootstrapServer, ExpectedTopology, RegisterRequest, RetryPolicy,
+};
+use mooncake_connector::connector::{
+    ConnectorEnv, ConnectorStats, Consumer, KvTransferConfig, Producer, ProducerEvent, PullOutcome,
+    PullRequest, WorkerContext,
+};
+use mooncake_connector::sim::model::{check_block, fill_block, ModelSpec};
+use tokio::sync::mpsc;
+
+pub fn env(abort_secs: u64) -> ConnectorEnv {
+    ConnectorEnv {
+        bootstrap_port: 0,
+        connector_timeout: Duration::from_secs(5),
+        abort_request_timeout: Duration::from_secs(abort_secs),
+        host_ip: "127.0.0.1".into(),
+    }
+}
+
+pub fn spec() -> ModelSpec {
+    ModelSpec {
+        layers: 3,
+        heads: 4,
+        head_size: 8,
+        block_size: 4,
+        num_blocks: 64,
+    }
+}
+
+fn config(role: &str, engine_id: &str) -> KvTransferConfig {
+    KvTransferConfig::from_json(&format!(
+        r#"{{"kv_connector":"MooncakeConnector","kv_role":"{role}","engine_id":"{engine_id}",
+            "kv_connector_extra_config":{{"mooncake_protocol":"tcp","num_workers":2}}}}"#
+    ))
+    .unwrap()
+}
+
+pub struct Prefill {
+    pub bootstrap: BootstrapServer,
+    pub engine_id: String,
+    pub spec: ModelSpec,
+    pub tp: usize,
+    pub ranks: Vec<(Arc<WorkerContext>, Producer)>,
+    pub events: mpsc::UnboundedReceiver<ProducerEvent>,
+    pub stats: Arc<ConnectorStats>,
+}
+
+impl Prefill {
+    pub async fn start(tp: usize, spec: ModelSpec, env: ConnectorEnv) -> Self {
+        let engine_id = format!("prefill-{}", uuid::Uuid::new_v4());
+        let bootstrap = BootstrapServer::start(
+            "127.0.0.1:0".parse().unwrap(),
+            Some(ExpectedTopology {
+                dp_size: 1,
+                tp_size: tp as u32,
+                pp_size: 1,
+            }),
+        )
+        .await
+        .unwrap();
+        let stats = Arc::new(ConnectorStats::default());
+        let (tx, events) = mpsc::unbounded_channel();
+        let client = BootstrapClient::new(Duration::from_secs(5), RetryPolicy::default());
+        let mut ranks = Vec::new();
+        for rank in 0..tp {
+            let ctx = Arc::new(
+                WorkerContext::new(
+                    config("kv_producer", &engine_id),
+                    env.clone(),
+                    spec.cache_spec(tp),
+                    tp,
+                    rank,
+                    0,
+                    stats.clone(),
+                )
+                .unwrap(),
+            );
+            let producer = Producer::start(ctx.clone(), tx.clone()).await.unwrap();
+            let req = RegisterRequest {
+                engine_id: engine_id.clone(),
+                dp_rank: 0,
+                tp_rank: rank as u32,
+                pp_rank: 0,
+                addr: producer.side_channel_addr().to_string(),
+            };
+            client.register(&bootstrap.url(), &req).await.unwrap();
+            ranks.push((ctx, producer));
+        }
+        Self {
+            bootstrap,
+            engine_id,
+            spec,
+            tp,
+            ranks,
+            events,
+            stats,
+        }
+    }
+
+    /// Runs the "prefill" of `tokens` into `blocks` on every rank and marks
+    /// the transfer ready.
+    pub fn prefill(&self, transfer_id: &str, p_req_id: &str, tokens: &[u32], blocks: &[u64]) {
+        self.fill(tokens, blocks);
+        for (_, p) in &self.ranks {
+            p.request_ready(transfer_id, p_req_id, vec![blocks.to_vec()]);
+        }
+    }
+
+    pub fn fill(&self, tokens: &[u32], blocks: &[u64]) {
+        for (rank, (ctx, _)) in self.ranks.iter().enumerate() {
+            let mut buf = vec![0u8; self.spec.kv_block_len(self.tp)];
+            for layer in 0..self.spec.layers {
+                for (i, &b) in blocks.iter().enumerate() {
+                    fill_block(&self.spec, self.tp, rank, layer, tokens, i, &mut buf);
+                    ctx.kv
+                        .write_shared(ctx.block_offset(layer, b), &buf)
+                        .unwrap();
+                }
+            }
+        }
+    }
+
+    pub fn abort(&self, transfer_id: &str) {
+        for (_, p) in &self.ranks {
+            p.request_aborted(transfer_id);
+        }
+    }
+
+    /// The next event within `within`, if any.
+    pub async fn next_event(&mut self, within: Duration) -> Option<ProducerEvent> {
+        tokio::time::timeout(within, self.events.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
+pub struct Decode {
+    pub spec: ModelSpec,
+    pub tp: usize,
+    pub ranks: Vec<(Arc<WorkerContext>, Consumer)>,
+    pub stats: Arc<ConnectorStats>,
+}
+
+impl Decode {
+    pub fn start(tp: usize, spec: ModelSpec, env: ConnectorEnv) -> Self {
+        let stats = Arc::new(ConnectorStats::default());
+        let ranks = (0..tp)
+            .map(|rank| {
+                let ctx = Arc::new(
+                    WorkerContext::new(
+                        config("kv_consumer", "decode"),
+                        env.clone(),
+                        spec.cache_spec(tp),
+                        tp,
+                        rank,
+                        0,
+                        stats.clone(),
+                    )
+                    .unwrap(),
+                );
+                let c = Consumer::new(ctx.clone());
+                (ctx, c)
+            })
+            .collect();
+        Self {
+            spec,
+            tp,
+            ranks,
+            stats,
+        }
+    }
+
+    /// Every rank pulls `reqs` (its own blocks are the same ids on every
+    /// rank); returns one outcome per rank.
+    pub async fn pull(
+        &self,
+        bootstrap: &str,
+        engine_id: &str,
+        reqs: Vec<PullRequest>,
+    ) -> Vec<PullOutcome> {
+        futures::future::join_all(
+            self.ranks
+                .iter()
+                .map(|(_, c)| c.pull(bootstrap, engine_id, reqs.clone())),
+        )
+        .await
+    }
+
+    /// Checks the KV of `tokens` in `blocks` (every position but the last)
+    /// on every rank; Err names the first wrong position.
+    pub fn verify(&self, tokens: &[u32], blocks: &[u64]) -> Result<u64, String> {
+        let limit = tokens.len() - 1;
+        let mut digest = 0u64;
+        for (rank, (ctx, _)) in self.ranks.iter().enumerate() {
+            let mut buf = vec![0u8; self.spec.kv_block_len(self.tp)];
+            for layer in 0..self.spec.layers {
+                for (i, &b) in blocks.iter().enumerate() {
+                    ctx.kv
+                        .read_at(ctx.block_offset(layer, b), &mut buf)
+                        .unwrap();
+                    if let Some((pos, head)) = check_block(
+                        &self.spec,
+                        self.tp,
+                        rank,
+                        layer,
+                        tokens,
+                        i,
+                        limit,
+                        &buf,
+                        &mut digest,
+                    ) {
+                        return Err(format!(
+                            "rank {rank} layer {layer}: wrong KV at position {pos}, head {head}"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(digest)
+    }
+}
+
+pub fn req(d: &str, t: &str, blocks: &[u64]) -> PullRequest {
+    PullRequest {
+        d_req_id: d.into(),
+        transfer_id: t.into(),
+        blocks: vec![blocks.to_vec()],
+    }
+}
+
+pub fn all_ok(outcomes: &[PullOutcome], ids: &[&str]) {
+    for (rank, o) in outcomes.iter().enumerate() {
+        assert!(o.failed.is_empty(), "rank {rank}: {:?}", o.failed);
+        for id in ids {
+            assert!(
+                o.ok.iter().any(|x| x == id),
+                "rank {rank}: {id} not ok ({o:?})"
+            );
+        }
+    }
+}
