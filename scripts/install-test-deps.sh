@@ -3,11 +3,14 @@
 #  - Debian: libibverbs1 and libnuma1 (the upstream wheel imports them even
 #    for TCP), libclang-dev (the bindings freshness check runs bindgen);
 #  - a Python venv at .venv-upstream with upstream Mooncake 0.3.13
-#    (mooncake-transfer-engine-non-cuda==0.3.13.post1) for interop tests.
+#    (mooncake-transfer-engine-non-cuda==0.3.13.post1), pyzmq and msgspec
+#    for interop tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 UPSTREAM_PKG="mooncake-transfer-engine-non-cuda==0.3.13.post1"
+# vLLM's side channel, for the connector interop tests.
+SIDE_PKGS=(pyzmq msgspec)
 VENV=.venv-upstream
 
 need_apt=()
@@ -27,12 +30,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import mooncake.engine" 2>/dev/null; then
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import mooncake.engine, zmq, msgspec" 2>/dev/null; then
   echo "install-test-deps: upstream Mooncake already in $VENV"
 else
   echo "install-test-deps: creating $VENV with $UPSTREAM_PKG"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "$UPSTREAM_PKG"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "$UPSTREAM_PKG" "${SIDE_PKGS[@]}"
   "$VENV/bin/python" -c "import mooncake.engine" || {
     echo "install-test-deps: the upstream wheel does not import (missing libibverbs1/libnuma1?)" >&2
     exit 1

@@ -97,7 +97,7 @@ pub fn head_kv(layer: usize, pos: usize, token: u32, head: usize, kv: usize, out
     let key = splitmix64(
         (layer as u64) << 48
             ^ (pos as u64) << 16
-            ^ u64::from(token).wrapping_mul(0x1000_0000_01b3)
+            ^ u64::from(token).wrapping_mul(0x0100_0000_01b3)
             ^ (head as u64) << 8
             ^ kv as u64,
     );

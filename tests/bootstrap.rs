@@ -1,0 +1,303 @@
+//! The bootstrap server's JSON shapes, status codes and conflict rules, and
+//! the client's retry schedule against servers that start late, answer
+//! slowly or refuse.
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use mooncake_connector::connector::bootstrap::{
+    BootstrapClient, BootstrapServer, ExpectedTopology, RegisterRequest, RetryPolicy,
+};
+use serde_json::{json, Value};
+
+fn reg(engine: &str, dp: u32, tp: u32, addr: &str) -> RegisterRequest {
+    RegisterRequest {
+        engine_id: engine.into(),
+        dp_rank: dp,
+        tp_rank: tp,
+        pp_rank: 0,
+        addr: addr.into(),
+    }
+}
+
+async fn post_json(url: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn register_and_query_shapes_and_conflicts() {
+    let s = BootstrapServer::start("127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let url = s.url();
+    let (code, body) = post_json(
+        &format!("{url}/register"),
+        &json!({"engine_id":"e1","dp_rank":0,"tp_rank":0,"pp_rank":0,"addr":"tcp://127.0.0.1:40001"}),
+    )
+    .await;
+    assert_eq!((code, body), (200, json!({"status":"ok"})));
+    post_json(&format!("{url}/register"), &json!({"engine_id":"e1","dp_rank":0,"tp_rank":1,"pp_rank":0,"addr":"tcp://127.0.0.1:40002"})).await;
+    post_json(&format!("{url}/register"), &json!({"engine_id":"e2","dp_rank":1,"tp_rank":0,"pp_rank":0,"addr":"tcp://127.0.0.1:40003"})).await;
+    let q: Value = reqwest::get(format!("{url}/query"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        q,
+        json!({
+            "0": {"engine_id":"e1","worker_addr":{"0":{"0":"tcp://127.0.0.1:40001"},"1":{"0":"tcp://127.0.0.1:40002"}}},
+            "1": {"engine_id":"e2","worker_addr":{"0":{"0":"tcp://127.0.0.1:40003"}}}
+        })
+    );
+    // Identical re-registration (a retried request) is fine.
+    let (code, _) = post_json(&format!("{url}/register"), &json!({"engine_id":"e1","dp_rank":0,"tp_rank":0,"pp_rank":0,"addr":"tcp://127.0.0.1:40001"})).await;
+    assert_eq!(code, 200);
+    // The DP rank belongs to another engine.
+    let (code, body) = post_json(&format!("{url}/register"), &json!({"engine_id":"e3","dp_rank":0,"tp_rank":2,"pp_rank":0,"addr":"tcp://127.0.0.1:40009"})).await;
+    assert_eq!(code, 400);
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("already registered by engine_id e1"),
+        "{body}"
+    );
+    // The slot is taken with another address.
+    let (code, body) = post_json(&format!("{url}/register"), &json!({"engine_id":"e1","dp_rank":0,"tp_rank":0,"pp_rank":0,"addr":"tcp://127.0.0.1:49999"})).await;
+    assert_eq!(code, 400);
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("tcp://127.0.0.1:40001"),
+        "{body}"
+    );
+    // Malformed bodies: 422, like FastAPI.
+    let (code, _) = post_json(
+        &format!("{url}/register"),
+        &json!({"engine_id":"e1","dp_rank":"zero"}),
+    )
+    .await;
+    assert_eq!(code, 422);
+    let r = reqwest::Client::new()
+        .post(format!("{url}/register"))
+        .body("not json")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_client_error());
+    // Nothing changed.
+    let again: Value = reqwest::get(format!("{url}/query"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again, q);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn query_is_refused_until_the_topology_is_complete() {
+    let s = BootstrapServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(ExpectedTopology {
+            dp_size: 1,
+            tp_size: 2,
+            pp_size: 1,
+        }),
+    )
+    .await
+    .unwrap();
+    let url = s.url();
+    let client = BootstrapClient::new(Duration::from_secs(2), RetryPolicy::default());
+    client
+        .register(&url, &reg("e", 0, 0, "tcp://127.0.0.1:1"))
+        .await
+        .unwrap();
+    let r = reqwest::get(format!("{url}/query")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["detail"].as_str().unwrap().contains("tp_rank 1"),
+        "{body}"
+    );
+    client
+        .register(&url, &reg("e", 0, 1, "tcp://127.0.0.1:2"))
+        .await
+        .unwrap();
+    let table = client.query(&url).await.unwrap();
+    assert_eq!(table["0"].worker_addr.len(), 2);
+    // A client query that meets an incomplete table waits for it (retries).
+    let s2 = BootstrapServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(ExpectedTopology {
+            dp_size: 1,
+            tp_size: 1,
+            pp_size: 1,
+        }),
+    )
+    .await
+    .unwrap();
+    let url2 = s2.url();
+    let late = {
+        let (c, u) = (client.clone(), url2.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            c.register(&u, &reg("late", 0, 0, "tcp://127.0.0.1:3"))
+                .await
+                .unwrap();
+        })
+    };
+    let t = client.query(&url2).await.unwrap();
+    assert_eq!(t["0"].engine_id, "late");
+    late.await.unwrap();
+}
+
+#[tokio::test]
+async fn client_retries_a_server_that_starts_late() {
+    // Reserve a port, release it, and start the server there 1.5 s later.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let server = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        BootstrapServer::start(addr, None).await.unwrap()
+    });
+    let client = BootstrapClient::new(Duration::from_secs(2), RetryPolicy::default());
+    let t0 = Instant::now();
+    client
+        .register(
+            &format!("http://{addr}"),
+            &reg("e", 0, 0, "tcp://127.0.0.1:5"),
+        )
+        .await
+        .unwrap();
+    // Attempts at ~0 s and ~1 s are refused; the third, after 2 more
+    // seconds, succeeds: vLLM's 1 s, 2 s schedule.
+    let t = t0.elapsed();
+    assert!(
+        t >= Duration::from_millis(2900) && t < Duration::from_millis(4500),
+        "{t:?}"
+    );
+    let s = server.await.unwrap();
+    assert_eq!(s.table()["0"].engine_id, "e");
+}
+
+/// A server that counts requests and answers each one with `status` after
+/// `delay`.
+async fn scripted(status: StatusCode, delay: Duration) -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let app = Router::new().route(
+        "/register",
+        post(move || {
+            let h = h.clone();
+            async move {
+                h.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                (status, axum::Json(json!({"detail": "scripted"})))
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (url, hits)
+}
+
+#[tokio::test]
+async fn client_retries_timeouts_then_fails_instead_of_hanging() {
+    let (url, hits) = scripted(StatusCode::OK, Duration::from_secs(30)).await;
+    let policy = RetryPolicy {
+        attempts: 3,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_secs(10),
+    };
+    let client = BootstrapClient::new(Duration::from_millis(300), policy);
+    let t0 = Instant::now();
+    let err = client
+        .register(&url, &reg("e", 0, 0, "tcp://x:1"))
+        .await
+        .unwrap_err();
+    let t = t0.elapsed();
+    assert!(
+        err.to_string().contains("after 3 attempts") && err.to_string().contains("timed out"),
+        "{err}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
+    // 3 × 300 ms + 100 ms + 200 ms of backoff.
+    assert!(
+        t >= Duration::from_millis(1150) && t < Duration::from_secs(3),
+        "{t:?}"
+    );
+}
+
+#[tokio::test]
+async fn client_does_not_retry_a_4xx() {
+    let (url, hits) = scripted(StatusCode::BAD_REQUEST, Duration::ZERO).await;
+    let client = BootstrapClient::new(Duration::from_secs(2), RetryPolicy::default());
+    let t0 = Instant::now();
+    let err = client
+        .register(&url, &reg("e", 0, 0, "tcp://x:1"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("400"), "{err}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert!(t0.elapsed() < Duration::from_millis(900));
+}
+
+#[tokio::test]
+async fn client_gives_up_on_a_server_that_never_comes() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let policy = RetryPolicy {
+        attempts: 3,
+        initial_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_secs(10),
+    };
+    let client = BootstrapClient::new(Duration::from_secs(1), policy);
+    let err = client
+        .query(&format!("http://127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("after 3 attempts") && err.to_string().contains("cannot connect"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_port_clash_is_a_startup_error() {
+    let s = BootstrapServer::start("127.0.0.1:0".parse().unwrap(), None)
+        .await
+        .unwrap();
+    let err = BootstrapServer::start(s.local_addr(), None)
+        .await
+        .err()
+        .expect("second bind fails");
+    assert!(
+        err.to_string().contains("VLLM_MOONCAKE_BOOTSTRAP_PORT"),
+        "{err}"
+    );
+}
