@@ -39,4 +39,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 step "example: loopback"
 cargo run -q --example loopback
 
+step "end-to-end: prefill, decode and proxy processes (TP 1:1, 2:1, 1:2)"
+scripts/run_pd_example.sh
+PREFILL_TP=2 DECODE_TP=1 scripts/run_pd_example.sh
+PREFILL_TP=1 DECODE_TP=2 scripts/run_pd_example.sh
+
 printf '\nall tests passed\n'

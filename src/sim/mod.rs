@@ -2,4 +2,9 @@
 //! examples move, the prefill/decode engine and its OpenAI-style HTTP API,
 //! and the proxy.
 
+pub mod blocks;
+pub mod cli;
+pub mod engine;
 pub mod model;
+pub mod proxy;
+pub mod server;

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Like vLLM's run_mooncake_connector.sh: starts the example prefiller
+# (port 8010, bootstrap 8998), decoder (8020) and proxy (8000) on 127.0.0.1,
+# sends a bounded set of requests through the proxy and checks every
+# answer, then stops what it started (by PID). Exits non-zero on any
+# mismatch, failed start or leftover KV.
+#
+# Environment: PREFILL_TP, DECODE_TP (default 1), PREFILL_PORT, DECODE_PORT,
+# PROXY_PORT, BOOTSTRAP_PORT, REQUESTS (16), CONCURRENCY (4), MAX_LEN,
+# CARGO_PROFILE (debug|release, default debug).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PREFILL_TP=${PREFILL_TP:-1}
+DECODE_TP=${DECODE_TP:-1}
+PREFILL_PORT=${PREFILL_PORT:-8010}
+DECODE_PORT=${DECODE_PORT:-8020}
+PROXY_PORT=${PROXY_PORT:-8000}
+BOOTSTRAP_PORT=${BOOTSTRAP_PORT:-8998}
+REQUESTS=${REQUESTS:-16}
+CONCURRENCY=${CONCURRENCY:-4}
+MAX_LEN=${MAX_LEN:-3000}
+PROFILE=${CARGO_PROFILE:-debug}
+LOGDIR=${LOGDIR:-target/pd-example}
+mkdir -p "$LOGDIR"
+
+flag=""; [ "$PROFILE" = release ] && flag="--release"
+cargo build -q $flag --examples
+BIN=target/$PROFILE/examples
+
+export VLLM_HOST_IP=127.0.0.1
+export VLLM_MOONCAKE_BOOTSTRAP_PORT=$BOOTSTRAP_PORT
+export RUST_LOG=${RUST_LOG:-info}
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+wait_health() { # url name pid
+  for _ in $(seq 1 240); do
+    if curl -sf "$1/health" >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$3" 2>/dev/null; then echo "$2 exited; log:"; tail -20 "$LOGDIR/$2.log"; return 1; fi
+    sleep 0.25
+  done
+  echo "$2 did not become healthy"; tail -20 "$LOGDIR/$2.log"; return 1
+}
+
+echo "starting prefill (TP $PREFILL_TP) on :$PREFILL_PORT, bootstrap :$BOOTSTRAP_PORT"
+"$BIN/prefill" --port "$PREFILL_PORT" --tp "$PREFILL_TP" >"$LOGDIR/prefill.log" 2>&1 &
+pids+=($!); prefill_pid=$!
+echo "starting decode (TP $DECODE_TP) on :$DECODE_PORT"
+"$BIN/decode" --port "$DECODE_PORT" --tp "$DECODE_TP" >"$LOGDIR/decode.log" 2>&1 &
+pids+=($!); decode_pid=$!
+wait_health "http://127.0.0.1:$PREFILL_PORT" prefill "$prefill_pid"
+wait_health "http://127.0.0.1:$DECODE_PORT" decode "$decode_pid"
+echo "starting proxy on :$PROXY_PORT"
+"$BIN/proxy" --port "$PROXY_PORT" --prefill "http://127.0.0.1:$PREFILL_PORT" "$BOOTSTRAP_PORT" \
+  --decode "http://127.0.0.1:$DECODE_PORT" >"$LOGDIR/proxy.log" 2>&1 &
+pids+=($!)
+
+"$BIN/pd_client" --url "http://127.0.0.1:$PROXY_PORT" --requests "$REQUESTS" \
+  --concurrency "$CONCURRENCY" --max-len "$MAX_LEN"
+
+# Every transfer must be accounted for on both sides, and the prefiller
+# must have freed every block once the decoder pulled it.
+for _ in $(seq 1 40); do
+  pm=$(curl -sf "http://127.0.0.1:$PREFILL_PORT/metrics")
+  held=$(echo "$pm" | python3 -c 'import json,sys; print(json.load(sys.stdin)["requests_holding_kv"])')
+  [ "$held" = 0 ] && break
+  sleep 0.25
+done
+dm=$(curl -sf "http://127.0.0.1:$DECODE_PORT/metrics")
+python3 - "$pm" "$dm" "$REQUESTS" "$PREFILL_TP" "$DECODE_TP" <<'PY'
+import json, sys
+p, d, n, ptp, dtp = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+pc, dc = p["connector"], d["connector"]
+# Each prefill rank writes to each decode rank it is paired with.
+pairs = max(ptp, dtp)
+errors = []
+if pc["transfers_ok"] != n * pairs: errors.append("prefill transfers_ok %d, want %d" % (pc["transfers_ok"], n * pairs))
+if pc["transfers_failed"] or dc["pulls_failed"]: errors.append("failures: %s %s" % (pc["transfers_failed"], dc["pulls_failed"]))
+if dc["pulls_ok"] != n * dtp: errors.append("decode pulls_ok %d, want %d" % (dc["pulls_ok"], n * dtp))
+if p["requests_holding_kv"] or p["blocks_free"] != p["blocks_total"]: errors.append("prefill still holds KV: %s" % p)
+if d["blocks_free"] != d["blocks_total"]: errors.append("decode still holds blocks: %s" % d)
+print("prefill: %d transfers, %d bytes, %d descriptors; decode: %d pulls, %d bytes" % (
+    pc["transfers_ok"], pc["bytes_sent"], pc["descriptors_sent"], dc["pulls_ok"], dc["bytes_received"]))
+if errors:
+    print("METRICS MISMATCH: " + "; ".join(errors)); sys.exit(1)
+PY
+echo "run_pd_example: OK (prefill TP $PREFILL_TP -> decode TP $DECODE_TP)"

@@ -1,0 +1,618 @@
+//! A simulated serving engine built on the connector: it prefills prompts
+//! into a KV cache in registered memory (one worker per TP rank), sends that
+//! KV to decoders, or pulls it and decodes from it, following vLLM's
+//! request lifecycle: prefill requests that finish length-capped keep their
+//! blocks until every decoder pulled them (or the abort timeout passes); an
+//! aborted prefill releases them at once; a decode request aborted before it
+//! was scheduled sends an empty pull so the prefiller can free its blocks.
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, Semaphore};
+
+use super::blocks::BlockPool;
+use super::model::{self, ModelSpec};
+use crate::connector::bootstrap::{
+    BootstrapClient, BootstrapServer, ExpectedTopology, RegisterRequest, RetryPolicy,
+};
+use crate::connector::{
+    ConnectorEnv, ConnectorError, ConnectorErrorCode, ConnectorStats, Consumer, KvRole,
+    KvTransferConfig, LoadFailurePolicy, Producer, ProducerEvent, PullRequest, WorkerContext,
+};
+
+/// How a simulated engine is set up.
+#[derive(Debug, Clone)]
+pub struct SimEngineConfig {
+    /// The `--kv-transfer-config`.
+    pub kv: KvTransferConfig,
+    /// `VLLM_MOONCAKE_*` settings.
+    pub env: ConnectorEnv,
+    /// Model and cache geometry.
+    pub spec: ModelSpec,
+    /// Tensor-parallel workers.
+    pub tp: usize,
+    /// Data-parallel rank of this engine.
+    pub dp_rank: u32,
+    /// Model name reported in responses.
+    pub model_name: String,
+    /// Requests decoded at once; the rest wait unscheduled.
+    pub max_num_seqs: usize,
+    /// Simulated prefill compute time per prompt token.
+    pub prefill_time_per_token: Duration,
+}
+
+/// `kv_transfer_params` of a request (vLLM's keys).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct KvTransferParams {
+    /// Prefill leg: send the KV to a decoder.
+    pub do_remote_decode: bool,
+    /// Decode leg: pull the KV from a prefiller.
+    pub do_remote_prefill: bool,
+    /// The id shared by both legs.
+    pub transfer_id: Option<String>,
+    /// Decode leg: the prefill engine id.
+    pub remote_engine_id: Option<String>,
+    /// Decode leg: the prefiller's bootstrap server URL.
+    pub remote_bootstrap_addr: Option<String>,
+}
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// Request id (X-Request-Id or generated).
+    pub request_id: String,
+    /// Prompt text.
+    pub prompt: String,
+    /// Tokens to generate.
+    pub max_tokens: usize,
+    /// `kv_transfer_params`, if any.
+    pub kv: Option<KvTransferParams>,
+}
+
+/// Where the KV a response was decoded from came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvSource {
+    /// Computed here (prefill, or no transfer requested).
+    Local,
+    /// Received from a prefiller and verified.
+    Remote,
+    /// The transfer failed and the policy said recompute.
+    Recomputed,
+}
+
+/// A finished generation.
+#[derive(Debug, Clone)]
+pub struct GenerateOutput {
+    /// Generated text.
+    pub text: String,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// OpenAI finish reason.
+    pub finish_reason: &'static str,
+    /// KV origin.
+    pub kv_source: KvSource,
+}
+
+/// A failed generation, mapped to an HTTP status.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct GenerateError {
+    /// HTTP status code.
+    pub status: u16,
+    /// OpenAI error type.
+    pub kind: &'static str,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl GenerateError {
+    fn bad_request(m: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            kind: "invalid_request_error",
+            message: m.into(),
+        }
+    }
+    fn kv(m: impl Into<String>) -> Self {
+        Self {
+            status: 500,
+            kind: "kv_transfer_error",
+            message: m.into(),
+        }
+    }
+}
+
+struct Rank {
+    ctx: Arc<WorkerContext>,
+    producer: Option<Producer>,
+    consumer: Option<Consumer>,
+}
+
+struct Held {
+    ranks_left: usize,
+    blocks: Vec<u64>,
+}
+
+/// A running simulated engine.
+pub struct SimEngine {
+    cfg: SimEngineConfig,
+    ranks: Vec<Rank>,
+    pool: BlockPool,
+    sched: Semaphore,
+    stats: Arc<ConnectorStats>,
+    bootstrap: Option<BootstrapServer>,
+    held: Mutex<HashMap<String, Held>>,
+    started: Instant,
+    aborted_prefills: std::sync::atomic::AtomicU64,
+    released_decodes: std::sync::atomic::AtomicU64,
+}
+
+impl SimEngine {
+    /// Starts the workers; a producer also starts its side channels, the
+    /// embedded bootstrap server (unless `bootstrap_server_address` is set)
+    /// and registers every rank once its memory is registered.
+    pub async fn start(cfg: SimEngineConfig) -> Result<Arc<Self>, ConnectorError> {
+        cfg.spec
+            .validate(cfg.tp)
+            .map_err(|e| ConnectorError::config("model geometry", e))?;
+        let role = cfg.kv.kv_role;
+        let stats = Arc::new(ConnectorStats::default());
+        let (tx, mut rx) = mpsc::unbounded_channel::<ProducerEvent>();
+        let mut ranks = Vec::new();
+        for rank in 0..cfg.tp {
+            let (kv, env, spec, stats2) = (
+                cfg.kv.clone(),
+                cfg.env.clone(),
+                cfg.spec.cache_spec(cfg.tp),
+                stats.clone(),
+            );
+            let (tp, dp) = (cfg.tp, cfg.dp_rank);
+            let ctx = tokio::task::spawn_blocking(move || {
+                WorkerContext::new(kv, env, spec, tp, rank, dp, stats2)
+            })
+            .await
+            .expect("worker setup task")?;
+            let ctx = Arc::new(ctx);
+            let producer = if role.is_producer() {
+                Some(Producer::start(ctx.clone(), tx.clone()).await?)
+            } else {
+                None
+            };
+            let consumer = role.is_consumer().then(|| Consumer::new(ctx.clone()));
+            ranks.push(Rank {
+                ctx,
+                producer,
+                consumer,
+            });
+        }
+        let mut bootstrap = None;
+        if role.is_producer() {
+            let url = match &cfg.kv.bootstrap_server_address {
+                Some(hp) => hp.url(),
+                None => {
+                    let bind: std::net::SocketAddr =
+                        format!("{}:{}", cfg.env.host_ip, cfg.env.bootstrap_port)
+                            .parse()
+                            .map_err(|e| ConnectorError::config("VLLM_HOST_IP", e))?;
+                    let s = BootstrapServer::start(
+                        bind,
+                        Some(ExpectedTopology {
+                            dp_size: 1,
+                            tp_size: cfg.tp as u32,
+                            pp_size: 1,
+                        }),
+                    )
+                    .await?;
+                    let url = s.url();
+                    bootstrap = Some(s);
+                    url
+                }
+            };
+            let client = BootstrapClient::new(cfg.env.connector_timeout, RetryPolicy::default());
+            for (rank, r) in ranks.iter().enumerate() {
+                let p = r.producer.as_ref().expect("producer");
+                let req = RegisterRequest {
+                    engine_id: cfg.kv.engine_id.clone(),
+                    dp_rank: cfg.dp_rank,
+                    tp_rank: rank as u32,
+                    pp_rank: 0,
+                    addr: p.side_channel_addr().to_string(),
+                };
+                client.register(&url, &req).await?;
+            }
+            tracing::info!(target: "mooncake_connector::sim", engine_id = %cfg.kv.engine_id, bootstrap = %url,
+                tp = cfg.tp, "prefill workers registered");
+        }
+        let engine = Arc::new(Self {
+            pool: BlockPool::new(cfg.spec.num_blocks),
+            sched: Semaphore::new(cfg.max_num_seqs.max(1)),
+            cfg,
+            ranks,
+            stats,
+            bootstrap,
+            held: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            aborted_prefills: Default::default(),
+            released_decodes: Default::default(),
+        });
+        let weak = Arc::downgrade(&engine);
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                let Some(engine) = weak.upgrade() else { break };
+                let p_req_id = match ev {
+                    ProducerEvent::FinishedSending { p_req_id, .. }
+                    | ProducerEvent::Expired { p_req_id, .. } => p_req_id,
+                };
+                engine.rank_done(&p_req_id);
+            }
+        });
+        Ok(engine)
+    }
+
+    /// The engine's configuration.
+    pub fn config(&self) -> &SimEngineConfig {
+        &self.cfg
+    }
+
+    /// The embedded bootstrap server's URL, if this engine runs one.
+    pub fn bootstrap_url(&self) -> Option<String> {
+        self.bootstrap.as_ref().map(|b| b.url())
+    }
+
+    /// Counters and block usage as JSON (`GET /metrics`).
+    pub fn metrics(&self) -> Value {
+        let s = self.stats.snapshot();
+        json!({
+            "role": self.cfg.kv.kv_role.as_str(),
+            "engine_id": self.cfg.kv.engine_id,
+            "tp": self.cfg.tp,
+            "connector": s,
+            "blocks_total": self.pool.total(),
+            "blocks_free": self.pool.available(),
+            "requests_holding_kv": self.held.lock().unwrap().len(),
+            "aborted_prefills": self.aborted_prefills.load(Ordering::Relaxed),
+            "released_decodes": self.released_decodes.load(Ordering::Relaxed),
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn rank_done(&self, p_req_id: &str) {
+        let mut held = self.held.lock().unwrap();
+        let Some(h) = held.get_mut(p_req_id) else {
+            return;
+        };
+        h.ranks_left -= 1;
+        if h.ranks_left == 0 {
+            let h = held.remove(p_req_id).expect("present");
+            self.pool.free(&h.blocks);
+        }
+    }
+
+    /// Runs one request to completion. `cancelled` is set when the client
+    /// went away; the request then aborts at the next safe point, never
+    /// while a transfer may still touch its blocks.
+    pub async fn generate(
+        self: &Arc<Self>,
+        req: GenerateRequest,
+        cancelled: Arc<AtomicBool>,
+    ) -> Result<GenerateOutput, GenerateError> {
+        if req.prompt.is_empty() {
+            return Err(GenerateError::bad_request("the prompt is empty"));
+        }
+        let tokens = model::tokenize(&req.prompt);
+        let needed = self.cfg.spec.blocks_for(tokens.len());
+        if needed > self.pool.total() {
+            return Err(GenerateError::bad_request(format!(
+                "the prompt needs {needed} KV blocks; the cache has {}",
+                self.pool.total()
+            )));
+        }
+        let kv = req.kv.clone().unwrap_or_default();
+        let role = self.cfg.kv.kv_role;
+        if kv.do_remote_decode && role.is_producer() {
+            return self
+                .prefill_for_decoder(req, tokens, kv.transfer_id, cancelled)
+                .await;
+        }
+        if kv.do_remote_prefill && role.is_consumer() {
+            match (
+                &kv.remote_engine_id,
+                &kv.remote_bootstrap_addr,
+                &kv.transfer_id,
+            ) {
+                (Some(e), Some(b), Some(t)) => {
+                    return self
+                        .decode_remote(req, tokens, e.clone(), b.clone(), t.clone(), cancelled)
+                        .await;
+                }
+                _ => tracing::warn!(target: "mooncake_connector::sim", request = %req.request_id,
+                    "invalid KVTransferParams {kv:?}: need remote_engine_id, remote_bootstrap_addr and transfer_id; running without transfer"),
+            }
+        }
+        self.local(req, tokens).await
+    }
+
+    fn reply(
+        &self,
+        req: &GenerateRequest,
+        tokens: &[u32],
+        digest: u64,
+        source: KvSource,
+    ) -> GenerateOutput {
+        let text = model::generate(digest, *tokens.last().expect("non-empty"), req.max_tokens);
+        GenerateOutput {
+            completion_tokens: req.max_tokens,
+            prompt_tokens: tokens.len(),
+            text,
+            finish_reason: "length",
+            kv_source: source,
+        }
+    }
+
+    async fn compute(self: &Arc<Self>, tokens: Arc<Vec<u32>>, blocks: Arc<Vec<u64>>) {
+        let delay = self.cfg.prefill_time_per_token * tokens.len() as u32;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let engine = self.clone();
+        tokio::task::spawn_blocking(move || engine.fill_kv(&tokens, &blocks))
+            .await
+            .expect("prefill compute task");
+    }
+
+    fn fill_kv(&self, tokens: &[u32], blocks: &[u64]) {
+        let spec = &self.cfg.spec;
+        let mut buf = vec![0u8; spec.kv_block_len(self.cfg.tp)];
+        for (rank, r) in self.ranks.iter().enumerate() {
+            for layer in 0..spec.layers {
+                for (i, &b) in blocks.iter().enumerate() {
+                    model::fill_block(spec, self.cfg.tp, rank, layer, tokens, i, &mut buf);
+                    r.ctx
+                        .kv
+                        .write_shared(r.ctx.block_offset(layer, b), &buf)
+                        .expect("block inside the cache");
+                }
+            }
+        }
+    }
+
+    /// Checks the KV in `blocks` on every rank; Ok(digest) or the first
+    /// wrong (rank, layer, position, head).
+    fn verify_kv(&self, tokens: &[u32], blocks: &[u64]) -> Result<u64, String> {
+        let spec = &self.cfg.spec;
+        let limit = tokens.len() - 1;
+        let mut digest = 0u64;
+        let mut buf = vec![0u8; spec.kv_block_len(self.cfg.tp)];
+        for (rank, r) in self.ranks.iter().enumerate() {
+            for layer in 0..spec.layers {
+                for (i, &b) in blocks
+                    .iter()
+                    .enumerate()
+                    .take(spec.blocks_for(limit.max(1)))
+                {
+                    r.ctx
+                        .kv
+                        .read_at(r.ctx.block_offset(layer, b), &mut buf)
+                        .expect("block inside the cache");
+                    if let Some((pos, head)) = model::check_block(
+                        spec,
+                        self.cfg.tp,
+                        rank,
+                        layer,
+                        tokens,
+                        i,
+                        limit,
+                        &buf,
+                        &mut digest,
+                    ) {
+                        return Err(format!(
+                            "rank {rank} layer {layer}: wrong KV at position {pos}, head {head}"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(digest)
+    }
+
+    async fn local(
+        self: &Arc<Self>,
+        req: GenerateRequest,
+        tokens: Vec<u32>,
+    ) -> Result<GenerateOutput, GenerateError> {
+        let _permit = self.sched.acquire().await.expect("semaphore open");
+        let blocks = self
+            .pool
+            .allocate(self.cfg.spec.blocks_for(tokens.len()))
+            .await
+            .expect("fits, checked");
+        let (tokens, blocks) = (Arc::new(tokens), Arc::new(blocks));
+        self.compute(tokens.clone(), blocks.clone()).await;
+        let digest = self.verify_kv(&tokens, &blocks);
+        self.pool.free(&blocks);
+        let digest = digest.map_err(GenerateError::kv)?;
+        Ok(self.reply(&req, &tokens, digest, KvSource::Local))
+    }
+
+    async fn prefill_for_decoder(
+        self: &Arc<Self>,
+        req: GenerateRequest,
+        tokens: Vec<u32>,
+        transfer_id: Option<String>,
+        cancelled: Arc<AtomicBool>,
+    ) -> Result<GenerateOutput, GenerateError> {
+        let blocks = self
+            .pool
+            .allocate(self.cfg.spec.blocks_for(tokens.len()))
+            .await
+            .expect("fits, checked");
+        let (tokens, blocks) = (Arc::new(tokens), Arc::new(blocks));
+        self.compute(tokens.clone(), blocks.clone()).await;
+        let digest = model::expected_digest(&self.cfg.spec, &tokens);
+        let out = self.reply(&req, &tokens, digest, KvSource::Local);
+        let Some(tid) = transfer_id else {
+            tracing::warn!(target: "mooncake_connector::sim", request = %req.request_id,
+                "Missing transfer_id in kv_transfer_params from router!");
+            self.pool.free(&blocks);
+            return Ok(out);
+        };
+        if cancelled.load(Ordering::SeqCst) {
+            // Finished for another reason than the length cap: nothing will
+            // be sent; free the blocks now.
+            tracing::info!(target: "mooncake_connector::sim", request = %req.request_id, transfer = %tid,
+                "prefill aborted; releasing its KV blocks");
+            for r in &self.ranks {
+                r.producer.as_ref().expect("producer").request_aborted(&tid);
+            }
+            self.pool.free(&blocks);
+            self.aborted_prefills.fetch_add(1, Ordering::Relaxed);
+            return Err(GenerateError {
+                status: 499,
+                kind: "aborted",
+                message: "client disconnected".into(),
+            });
+        }
+        let p_req_id = format!("{}-{:08x}", req.request_id, rand_u32());
+        self.held.lock().unwrap().insert(
+            p_req_id.clone(),
+            Held {
+                ranks_left: self.ranks.len(),
+                blocks: blocks.to_vec(),
+            },
+        );
+        for r in &self.ranks {
+            r.producer.as_ref().expect("producer").request_ready(
+                &tid,
+                &p_req_id,
+                vec![blocks.to_vec()],
+            );
+        }
+        Ok(out)
+    }
+
+    async fn decode_remote(
+        self: &Arc<Self>,
+        req: GenerateRequest,
+        tokens: Vec<u32>,
+        engine_id: String,
+        bootstrap: String,
+        transfer_id: String,
+        cancelled: Arc<AtomicBool>,
+    ) -> Result<GenerateOutput, GenerateError> {
+        let d_req_id = format!("{}-{:08x}", req.request_id, rand_u32());
+        // Scheduling: a sequence slot and blocks. A request whose client
+        // leaves before that tells the prefiller to release its blocks.
+        let scheduled = async {
+            let permit = self.sched.acquire().await.expect("semaphore open");
+            let blocks = self
+                .pool
+                .allocate(self.cfg.spec.blocks_for(tokens.len()))
+                .await
+                .expect("fits, checked");
+            (permit, blocks)
+        };
+        let cancel_wait = async {
+            while !cancelled.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let (_permit, blocks) = tokio::select! {
+            s = scheduled => s,
+            () = cancel_wait => {
+                tracing::info!(target: "mooncake_connector::sim", request = %req.request_id, transfer = %transfer_id,
+                    "aborted before scheduling; releasing the prefiller's blocks");
+                self.released_decodes.fetch_add(1, Ordering::Relaxed);
+                let release = PullRequest { d_req_id, transfer_id, blocks: vec![vec![]] };
+                self.pull_all(&bootstrap, &engine_id, release).await;
+                return Err(GenerateError { status: 499, kind: "aborted", message: "client disconnected".into() });
+            }
+        };
+        let pull = PullRequest {
+            d_req_id,
+            transfer_id: transfer_id.clone(),
+            blocks: vec![blocks.clone()],
+        };
+        let failure = self.pull_all(&bootstrap, &engine_id, pull).await;
+        let result = match failure {
+            None => self
+                .verify_kv(&tokens, &blocks)
+                .map_err(|m| format!("received KV is wrong: {m}")),
+            Some(why) => Err(why),
+        };
+        let out = match result {
+            Ok(digest) => Ok(self.reply(&req, &tokens, digest, KvSource::Remote)),
+            Err(why) => match self.cfg.kv.kv_load_failure_policy {
+                LoadFailurePolicy::Fail => {
+                    tracing::warn!(target: "mooncake_connector::sim", request = %req.request_id, "KV load failed: {why}");
+                    Err(GenerateError::kv(format!(
+                        "KV transfer for {transfer_id} failed: {why}"
+                    )))
+                }
+                LoadFailurePolicy::Recompute => {
+                    tracing::warn!(target: "mooncake_connector::sim", request = %req.request_id,
+                        "KV load failed ({why}); recomputing the prompt locally");
+                    let (t, b) = (Arc::new(tokens.clone()), Arc::new(blocks.clone()));
+                    self.compute(t.clone(), b.clone()).await;
+                    self.verify_kv(&t, &b)
+                        .map(|d| self.reply(&req, &t, d, KvSource::Recomputed))
+                        .map_err(GenerateError::kv)
+                }
+            },
+        };
+        self.pool.free(&blocks);
+        out
+    }
+
+    /// Pulls on every rank; None when all succeeded, else the first reason.
+    async fn pull_all(
+        &self,
+        bootstrap: &str,
+        engine_id: &str,
+        pull: PullRequest,
+    ) -> Option<String> {
+        let outcomes = futures::future::join_all(self.ranks.iter().map(|r| {
+            r.consumer
+                .as_ref()
+                .expect("consumer")
+                .pull(bootstrap, engine_id, vec![pull.clone()])
+        }))
+        .await;
+        outcomes
+            .into_iter()
+            .find_map(|o| o.failed.into_iter().next().map(|(_, why)| why))
+    }
+}
+
+fn rand_u32() -> u32 {
+    uuid::Uuid::new_v4().as_u128() as u32
+}
+
+/// Builds an engine config from the example binaries' common flags.
+pub fn role_default_config(role: KvRole) -> String {
+    format!(
+        r#"{{"kv_connector":"MooncakeConnector","kv_role":"{}"}}"#,
+        role.as_str()
+    )
+}
+
+impl From<ConnectorError> for GenerateError {
+    fn from(e: ConnectorError) -> Self {
+        let status = if e.code == ConnectorErrorCode::Config {
+            400
+        } else {
+            500
+        };
+        Self {
+            status,
+            kind: "connector_error",
+            message: e.to_string(),
+        }
+    }
+}

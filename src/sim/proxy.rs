@@ -1,0 +1,386 @@
+//! The disaggregation proxy, as vLLM's `mooncake_connector_proxy.py`: for
+//! each request it mints `transfer_id = "xfer-<uuid>"`, fires the prefill
+//! leg (`max_tokens = 1`, not streamed) without waiting for it, and streams
+//! the decode leg back, whose `kv_transfer_params` point the decoder at the
+//! prefiller's bootstrap server and engine id.
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::connector::bootstrap::{BootstrapClient, RetryPolicy};
+use crate::connector::HostPort;
+
+/// One `--prefill URL [BOOTSTRAP_PORT|none]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillTarget {
+    /// The prefill API base URL.
+    pub url: String,
+    /// Its bootstrap port (8998 when omitted or `none`).
+    pub bootstrap_port: u16,
+}
+
+/// Proxy options (vLLM's CLI, plus an external bootstrap address).
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// `--host` (default 127.0.0.1).
+    pub host: String,
+    /// `--port` (default 8000).
+    pub port: u16,
+    /// `--prefill`, repeatable.
+    pub prefill: Vec<PrefillTarget>,
+    /// `--decode`, repeatable.
+    pub decode: Vec<String>,
+    /// `--bootstrap-addr host:port`: an external bootstrap server used for
+    /// every prefill instance instead of `<prefill host>:<bootstrap port>`.
+    pub bootstrap_addr: Option<HostPort>,
+}
+
+impl ProxyConfig {
+    /// Parses vLLM's proxy flags.
+    pub fn from_args(args: &[String]) -> Result<Self, String> {
+        let mut c = ProxyConfig {
+            host: "127.0.0.1".into(),
+            port: 8000,
+            prefill: vec![],
+            decode: vec![],
+            bootstrap_addr: None,
+        };
+        let mut i = 0;
+        while i < args.len() {
+            let flag = args[i].as_str();
+            let val = |i: usize| {
+                args.get(i + 1)
+                    .cloned()
+                    .ok_or_else(|| format!("{flag} needs a value"))
+            };
+            match flag {
+                "--host" => {
+                    c.host = val(i)?;
+                    i += 2;
+                }
+                "--port" => {
+                    c.port = val(i)?
+                        .parse()
+                        .map_err(|_| "--port: not a port number".to_string())?;
+                    i += 2;
+                }
+                "--decode" => {
+                    c.decode.push(val(i)?.trim_end_matches('/').to_string());
+                    i += 2;
+                }
+                "--bootstrap-addr" => {
+                    c.bootstrap_addr = Some(
+                        HostPort::parse("--bootstrap-addr", &val(i)?).map_err(|e| e.to_string())?,
+                    );
+                    i += 2;
+                }
+                "--prefill" => {
+                    let url = val(i)?.trim_end_matches('/').to_string();
+                    i += 2;
+                    let mut port = 8998;
+                    if let Some(next) = args.get(i).filter(|a| !a.starts_with("--")) {
+                        if next != "none" {
+                            port = next.parse().map_err(|_| format!("--prefill {url}: bootstrap port {next:?} is not a number or none"))?;
+                        }
+                        i += 1;
+                    }
+                    c.prefill.push(PrefillTarget {
+                        url,
+                        bootstrap_port: port,
+                    });
+                }
+                "-h" | "--help" => return Err(
+                    "usage: proxy [--host H] [--port P] --prefill URL [BOOTSTRAP_PORT|none] ... \
+                                --decode URL ... [--bootstrap-addr HOST:PORT]"
+                        .into(),
+                ),
+                other => return Err(format!("unknown flag {other}")),
+            }
+        }
+        if c.prefill.is_empty() || c.decode.is_empty() {
+            return Err("at least one --prefill and one --decode are required".into());
+        }
+        Ok(c)
+    }
+}
+
+fn host_of(url: &str) -> String {
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+    let hostport = rest.split('/').next().unwrap_or(rest);
+    match hostport.strip_prefix('[') {
+        Some(v6) => format!("[{}]", v6.split(']').next().unwrap_or(v6)),
+        None => hostport
+            .rsplit_once(':')
+            .map(|(h, _)| h)
+            .unwrap_or(hostport)
+            .to_string(),
+    }
+}
+
+/// One (prefill instance, DP rank) the proxy can send to.
+#[derive(Debug, Clone)]
+struct PrefillSlot {
+    url: String,
+    bootstrap: String,
+    dp_rank: u32,
+    engine_id: String,
+}
+
+struct ProxyState {
+    cfg: ProxyConfig,
+    http: reqwest::Client,
+    slots: Mutex<Vec<PrefillSlot>>,
+    ready: AtomicBool,
+    next_prefill: AtomicUsize,
+    next_decode: AtomicUsize,
+}
+
+/// The proxy's router; `discover` must run before it answers requests.
+pub struct Proxy {
+    state: Arc<ProxyState>,
+}
+
+impl Proxy {
+    /// A proxy for `cfg`.
+    pub fn new(cfg: ProxyConfig) -> Self {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("reqwest client");
+        Self {
+            state: Arc::new(ProxyState {
+                cfg,
+                http,
+                slots: Mutex::new(vec![]),
+                ready: AtomicBool::new(false),
+                next_prefill: AtomicUsize::new(0),
+                next_decode: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The HTTP routes.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/health", get(health))
+            .route(
+                "/v1/completions",
+                post(|s, h, b| forward(s, h, b, "/v1/completions")),
+            )
+            .route(
+                "/v1/chat/completions",
+                post(|s, h, b| forward(s, h, b, "/v1/chat/completions")),
+            )
+            .with_state(self.state.clone())
+    }
+
+    /// Waits for every prefill instance's `/health` (polling each second),
+    /// then reads each bootstrap table for the DP ranks and engine ids.
+    pub async fn discover(&self) -> Result<(), String> {
+        let s = &self.state;
+        let boot = BootstrapClient::new(Duration::from_secs(30), RetryPolicy::default());
+        let mut slots = Vec::new();
+        for p in &s.cfg.prefill {
+            loop {
+                match s
+                    .http
+                    .get(format!("{}/health", p.url))
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await
+                {
+                    Ok(r) if r.status().is_success() => break,
+                    _ => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            }
+            let bootstrap = match &s.cfg.bootstrap_addr {
+                Some(hp) => hp.url(),
+                None => format!("http://{}:{}", host_of(&p.url), p.bootstrap_port),
+            };
+            let table = boot
+                .query(&bootstrap)
+                .await
+                .map_err(|e| format!("prefill {}: {e}", p.url))?;
+            for (dp, entry) in table {
+                let dp_rank = dp
+                    .parse()
+                    .map_err(|_| format!("bootstrap {bootstrap}: dp rank {dp:?}"))?;
+                slots.push(PrefillSlot {
+                    url: p.url.clone(),
+                    bootstrap: bootstrap.clone(),
+                    dp_rank,
+                    engine_id: entry.engine_id,
+                });
+            }
+            tracing::info!(target: "mooncake_connector::proxy", prefill = %p.url, %bootstrap, "prefill instance ready");
+        }
+        if slots.is_empty() {
+            return Err("no prefill DP rank registered with any bootstrap server".into());
+        }
+        *s.slots.lock().unwrap() = slots;
+        s.ready.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+async fn health(State(s): State<Arc<ProxyState>>) -> Response {
+    if s.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "discovering prefill instances",
+        )
+            .into_response()
+    }
+}
+
+async fn forward(
+    State(s): State<Arc<ProxyState>>,
+    _headers: HeaderMap,
+    body: Json<Value>,
+    path: &'static str,
+) -> Response {
+    if !s.ready.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"error": {"message": "the proxy is not ready yet"}})),
+        )
+            .into_response();
+    }
+    let body = body.0;
+    if !body.is_object() {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"message": "the body must be a JSON object"}})),
+        )
+            .into_response();
+    }
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let transfer_id = format!("xfer-{request_id}");
+    let slot = {
+        let slots = s.slots.lock().unwrap();
+        slots[s.next_prefill.fetch_add(1, Ordering::Relaxed) % slots.len()].clone()
+    };
+    let decode_url =
+        s.cfg.decode[s.next_decode.fetch_add(1, Ordering::Relaxed) % s.cfg.decode.len()].clone();
+    let auth = std::env::var("OPENAI_API_KEY").ok();
+
+    // Prefill leg: fire and forget.
+    let mut pbody = body.clone();
+    let o = pbody.as_object_mut().expect("object");
+    o.insert(
+        "kv_transfer_params".into(),
+        json!({"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": transfer_id}),
+    );
+    o.insert("stream".into(), json!(false));
+    o.insert("max_tokens".into(), json!(1));
+    if o.contains_key("max_completion_tokens") {
+        o.insert("max_completion_tokens".into(), json!(1));
+    }
+    o.remove("stream_options");
+    let mut preq = s
+        .http
+        .post(format!("{}{path}", slot.url))
+        .json(&pbody)
+        .header("X-Request-Id", &request_id)
+        .header("X-data-parallel-rank", slot.dp_rank.to_string());
+    if let Some(k) = &auth {
+        preq = preq.bearer_auth(k);
+    }
+    let rid = request_id.clone();
+    tokio::spawn(async move {
+        match preq.send().await {
+            Ok(r) => {
+                let status = r.status();
+                let _ = r.bytes().await;
+                tracing::debug!(target: "mooncake_connector::proxy", request = %rid, %status, "prefill leg done");
+            }
+            Err(e) => {
+                tracing::warn!(target: "mooncake_connector::proxy", request = %rid, "prefill leg failed: {e}")
+            }
+        }
+    });
+
+    // Decode leg: streamed back.
+    let mut dbody = body;
+    dbody.as_object_mut().expect("object").insert(
+        "kv_transfer_params".into(),
+        json!({"do_remote_decode": false, "do_remote_prefill": true, "remote_bootstrap_addr": slot.bootstrap,
+               "remote_engine_id": slot.engine_id, "transfer_id": transfer_id}),
+    );
+    let mut dreq = s
+        .http
+        .post(format!("{decode_url}{path}"))
+        .json(&dbody)
+        .header("X-Request-Id", &request_id);
+    if let Some(k) = &auth {
+        dreq = dreq.bearer_auth(k);
+    }
+    match dreq.send().await {
+        Ok(r) => {
+            let status =
+                StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            let ctype = r.headers().get("content-type").cloned();
+            let mut resp = Response::builder().status(status);
+            if let Some(c) = ctype {
+                resp = resp.header("content-type", c);
+            }
+            resp.body(Body::from_stream(r.bytes_stream()))
+                .expect("response")
+        }
+        Err(e) => (
+            StatusCode::BAD_GATEWAY,
+            Json(json!({"error": {"message": format!("decode {decode_url}: {e}")}})),
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn vllm_proxy_flags() {
+        let c = ProxyConfig::from_args(&args(
+            "--prefill http://10.0.0.2:8010 --prefill http://10.0.0.3:8010 9000 --prefill http://10.0.0.4:8010 none \
+             --decode http://10.0.0.5:8020 --port 8001",
+        ))
+        .unwrap();
+        assert_eq!(c.port, 8001);
+        assert_eq!(c.host, "127.0.0.1");
+        assert_eq!(
+            c.prefill
+                .iter()
+                .map(|p| p.bootstrap_port)
+                .collect::<Vec<_>>(),
+            [8998, 9000, 8998]
+        );
+        assert_eq!(c.decode, ["http://10.0.0.5:8020"]);
+        assert!(ProxyConfig::from_args(&args("--decode http://x:1")).is_err());
+        assert!(
+            ProxyConfig::from_args(&args("--prefill http://x:1 abc --decode http://y:2")).is_err()
+        );
+        let e = ProxyConfig::from_args(&args(
+            "--prefill http://x:1 --decode http://y:2 --bootstrap-addr nohost",
+        ))
+        .unwrap_err();
+        assert!(e.contains("--bootstrap-addr"), "{e}");
+        assert_eq!(host_of("http://10.0.0.2:8010"), "10.0.0.2");
+        assert_eq!(host_of("http://[::1]:8010/x"), "[::1]");
+        assert_eq!(host_of("http://localhost"), "localhost");
+    }
+}

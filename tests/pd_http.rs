@@ -1,0 +1,250 @@
+//! The example engines over HTTP, in-process on random ports: request
+//! lifecycle cases that need the serving layer (client aborts, the load
+//! failure policy, malformed kv_transfer_params).
+mod pd;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mooncake_connector::connector::{ConnectorEnv, KvTransferConfig};
+use mooncake_connector::sim::engine::{SimEngine, SimEngineConfig};
+use mooncake_connector::sim::model::{expected_completion, ModelSpec};
+use mooncake_connector::sim::server::{response_text, router};
+use serde_json::{json, Value};
+
+struct Served {
+    engine: Arc<SimEngine>,
+    url: String,
+}
+
+fn spec() -> ModelSpec {
+    ModelSpec {
+        layers: 2,
+        heads: 2,
+        head_size: 8,
+        block_size: 8,
+        num_blocks: 256,
+    }
+}
+
+async fn serve(
+    role: &str,
+    extra: &str,
+    abort_secs: u64,
+    max_num_seqs: usize,
+    us_per_token: u64,
+) -> Served {
+    let kv = KvTransferConfig::from_json(&format!(
+        r#"{{"kv_connector":"MooncakeConnector","kv_role":"{role}","kv_connector_extra_config":{{"mooncake_protocol":"tcp"}}{extra}}}"#
+    ))
+    .unwrap();
+    let env = ConnectorEnv {
+        bootstrap_port: 0,
+        ..pd::env(abort_secs)
+    };
+    let cfg = SimEngineConfig {
+        kv,
+        env,
+        spec: spec(),
+        tp: 1,
+        dp_rank: 0,
+        model_name: "sim".into(),
+        max_num_seqs,
+        prefill_time_per_token: Duration::from_micros(us_per_token),
+    };
+    let engine = SimEngine::start(cfg).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let app = router(engine.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Served { engine, url }
+}
+
+async fn post(url: &str, body: Value) -> (u16, String) {
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+fn prefill_leg(prompt: &str, tid: &str) -> Value {
+    json!({"prompt": prompt, "max_tokens": 1, "stream": false,
+           "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false, "transfer_id": tid}})
+}
+
+fn decode_leg(p: &Served, prompt: &str, tid: &str, max_tokens: usize) -> Value {
+    json!({"prompt": prompt, "max_tokens": max_tokens,
+           "kv_transfer_params": {"do_remote_decode": false, "do_remote_prefill": true, "transfer_id": tid,
+                                  "remote_engine_id": p.engine.config().kv.engine_id,
+                                  "remote_bootstrap_addr": p.engine.bootstrap_url().unwrap()}})
+}
+
+async fn metric(s: &Served, key: &str) -> u64 {
+    let v: Value = reqwest::get(format!("{}/metrics", s.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v[key]
+        .as_u64()
+        .or_else(|| v["connector"][key].as_u64())
+        .unwrap_or_else(|| panic!("no metric {key} in {v}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn happy_path_both_orders() {
+    let p = serve("kv_producer", "", 30, 8, 0).await;
+    let d = serve("kv_consumer", "", 30, 8, 0).await;
+    let prompt = "the prefill leg first, then the decode leg";
+    let (code, _) = post(&p.url, prefill_leg(prompt, "xfer-1")).await;
+    assert_eq!(code, 200);
+    let (code, body) = post(&d.url, decode_leg(&p, prompt, "xfer-1", 12)).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        response_text(&body).unwrap(),
+        expected_completion(&spec(), prompt, 12)
+    );
+    assert!(body.contains("\"kv_source\":\"remote\""), "{body}");
+    // Decode leg first (the proxy sends both at once).
+    let prompt2 = "decode arrives before the prefill is done";
+    let dreq = tokio::spawn({
+        let v = decode_leg(&p, prompt2, "xfer-2", 5);
+        let url = d.url.clone();
+        async move { post(&url, v).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    post(&p.url, prefill_leg(prompt2, "xfer-2")).await;
+    let (code, body) = dreq.await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        response_text(&body).unwrap(),
+        expected_completion(&spec(), prompt2, 5)
+    );
+    for _ in 0..50 {
+        if metric(&p, "requests_holding_kv").await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&p, "requests_holding_kv").await, 0);
+    assert_eq!(metric(&p, "blocks_free").await, spec().num_blocks as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_client_abort_releases_kv_and_fails_the_decode() {
+    // 2 ms per token: a 400-token prefill takes ~0.8 s; the client gives up
+    // after 100 ms.
+    let p = serve("kv_producer", "", 30, 8, 2000).await;
+    let d = serve("kv_consumer", "", 30, 8, 0).await;
+    let prompt = "x".repeat(400);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", p.url))
+        .timeout(Duration::from_millis(100))
+        .json(&prefill_leg(&prompt, "xfer-ab"))
+        .send()
+        .await;
+    assert!(r.is_err(), "the client was meant to time out");
+    for _ in 0..100 {
+        if metric(&p, "aborted_prefills").await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&p, "aborted_prefills").await, 1);
+    assert_eq!(metric(&p, "blocks_free").await, spec().num_blocks as u64);
+    let t0 = Instant::now();
+    let (code, body) = post(&d.url, decode_leg(&p, &prompt, "xfer-ab", 4)).await;
+    assert_eq!(code, 500, "{body}");
+    assert!(body.contains("aborted"), "{body}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_client_abort_before_scheduling_releases_prefill_kv() {
+    let p = serve("kv_producer", "", 30, 8, 0).await;
+    // One sequence at a time: the second request waits unscheduled.
+    let d = serve("kv_consumer", "", 30, 1, 0).await;
+    // Request 1 occupies the decoder while its prefill has not happened.
+    let first = tokio::spawn({
+        let (v, url) = (decode_leg(&p, "first request", "xfer-f", 3), d.url.clone());
+        async move { post(&url, v).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Request 2's prefill is done; its decode leg waits for a slot, and its
+    // client leaves.
+    post(&p.url, prefill_leg("second request", "xfer-s")).await;
+    assert_eq!(metric(&p, "requests_holding_kv").await, 1);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/completions", d.url))
+        .timeout(Duration::from_millis(200))
+        .json(&decode_leg(&p, "second request", "xfer-s", 3))
+        .send()
+        .await;
+    assert!(r.is_err());
+    // The empty pull released request 2's blocks on the prefiller.
+    for _ in 0..100 {
+        if metric(&p, "released_slots").await == 1 && metric(&p, "requests_holding_kv").await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&p, "released_slots").await, 1);
+    assert_eq!(metric(&p, "requests_holding_kv").await, 0);
+    assert_eq!(metric(&d, "released_decodes").await, 1);
+    // Request 1 completes once its prefill arrives.
+    post(&p.url, prefill_leg("first request", "xfer-f")).await;
+    let (code, body) = first.await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        response_text(&body).unwrap(),
+        expected_completion(&spec(), "first request", 3)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recompute_policy_and_malformed_params() {
+    let p = serve("kv_producer", "", 30, 8, 0).await;
+    let d = serve(
+        "kv_consumer",
+        r#","kv_load_failure_policy":"recompute""#,
+        30,
+        8,
+        0,
+    )
+    .await;
+    // Unknown engine: the transfer fails, the decoder recomputes, and the
+    // answer is still right.
+    let mut v = decode_leg(&p, "recompute me", "xfer-rc", 6);
+    v["kv_transfer_params"]["remote_engine_id"] = json!("nope");
+    let (code, body) = post(&d.url, v).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"kv_source\":\"recomputed\""), "{body}");
+    assert_eq!(
+        response_text(&body).unwrap(),
+        expected_completion(&spec(), "recompute me", 6)
+    );
+    // Missing fields: logged, run without a transfer.
+    let (code, body) = post(
+        &d.url,
+        json!({"prompt": "no params", "max_tokens": 2,
+        "kv_transfer_params": {"do_remote_prefill": true, "transfer_id": "t"}}),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"kv_source\":\"local\""), "{body}");
+    // A prefill leg without transfer_id holds no KV.
+    let (code, _) = post(&p.url, json!({"prompt": "no id", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": true}})).await;
+    assert_eq!(code, 200);
+    assert_eq!(metric(&p, "requests_holding_kv").await, 0);
+    // Bad bodies are 400s with a reason.
+    let (code, body) = post(&d.url, json!({"prompt": 5})).await;
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = post(&d.url, json!({"prompt": "x", "max_tokens": -1})).await;
+    assert!(code == 400 && body.contains("max_tokens"), "{body}");
+    let (code, body) = post(&d.url, json!({"prompt": "x".repeat(100_000)})).await;
+    assert!(code == 400 && body.contains("KV blocks"), "{body}");
+}
