@@ -248,3 +248,37 @@ async fn recompute_policy_and_malformed_params() {
     let (code, body) = post(&d.url, json!({"prompt": "x".repeat(100_000)})).await;
     assert!(code == 400 && body.contains("KV blocks"), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_both_engine_sends_to_itself() {
+    let both = serve("kv_both", "", 30, 8, 0).await;
+    let prompt = "one engine, both roles";
+    let (code, _) = post(&both.url, prefill_leg(prompt, "xfer-both")).await;
+    assert_eq!(code, 200);
+    let (code, body) = post(&both.url, decode_leg(&both, prompt, "xfer-both", 9)).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"kv_source\":\"remote\""), "{body}");
+    assert_eq!(
+        response_text(&body).unwrap(),
+        expected_completion(&spec(), prompt, 9)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_name_and_peermem_reach_the_engine() {
+    use mooncake_connector::connector::{build_engine, KvTransferConfig};
+    let kv = KvTransferConfig::from_json(
+        r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_producer","kv_connector_extra_config":{"device_name":"mlx5_0,mlx5_2"}}"#,
+    )
+    .unwrap();
+    let engine = build_engine(&kv, &pd::env(30)).unwrap();
+    assert_eq!(engine.device_filters().unwrap().0, ["mlx5_0", "mlx5_2"]);
+    // WITH_NVIDIA_PEERMEM is the engine's own default (not overridden).
+    if std::env::var_os("WITH_NVIDIA_PEERMEM").is_none() {
+        assert_eq!(
+            engine.gpu_registration().unwrap(),
+            mooncake::GpuRegistration::PeerMem
+        );
+    }
+    assert!(engine.segment_name().starts_with("127.0.0.1:"));
+}
