@@ -6,6 +6,8 @@
 //! - `MOONCAKE_SYS_WERROR=1`: treat C++ warnings as errors (CI sets it).
 //! - `MOONCAKE_SYS_OPT_LEVEL`: optimisation of the engine (default 2, even in
 //!   debug builds, so tests exercise a realistically fast engine).
+//! - `MOONCAKE_CUDA_HOME`: the CUDA toolkit (or PyPI runtime directory) for
+//!   the `cuda12`/`cuda13` features; see `cuda.rs` for the search order.
 use std::path::{Path, PathBuf};
 
 /// Reads an environment variable, logs it and asks cargo to rerun when it
@@ -29,6 +31,8 @@ fn collect_sources(dir: &Path, out: &mut Vec<PathBuf>) {
         }
     }
 }
+
+mod cuda;
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
@@ -77,8 +81,38 @@ fn main() {
     if env("MOONCAKE_SYS_WERROR").as_deref() == Some("1") {
         build.warnings_into_errors(true);
     }
+    let toolkit = cuda::wanted()
+        .map(|want| cuda::find(want, &|k: &str| env(k)).unwrap_or_else(|msg| panic!("{msg}")));
+    if let Some(tk) = &toolkit {
+        build
+            .define("MC_WITH_CUDA", "1")
+            .define("MC_CUDA_MAJOR", tk.major().to_string().as_str())
+            .include(&tk.include);
+    }
     build.compile("mooncake_engine");
+    if let Some(tk) = &toolkit {
+        // The runtime, statically: nothing but libcuda.so.1 is needed at run
+        // time (the runtime loads it itself), so there is no libcudart.so.N
+        // to go missing.
+        println!("cargo:rustc-link-search=native={}", tk.lib.display());
+        println!("cargo:rustc-link-lib=static=cudart_static");
+        println!("cargo:rustc-link-lib=dl");
+        println!("cargo:rustc-link-lib=rt");
+        println!(
+            "cargo:warning=mooncake-sys: CUDA {} from {} ({})",
+            tk.version_string(),
+            tk.root.display(),
+            tk.found_by
+        );
+    }
     println!("cargo:rustc-link-lib=pthread");
+    let major = toolkit.as_ref().map(|t| t.major()).unwrap_or(0);
+    println!("cargo:cuda_major={major}");
+    println!(
+        "cargo:cuda_version={}",
+        toolkit.as_ref().map(|t| t.version).unwrap_or(0)
+    );
+    println!("cargo:rustc-env=MOONCAKE_CUDA_MAJOR={major}");
 
     // Metadata for dependents (DEP_MOONCAKE_ENGINE_*).
     println!("cargo:include={}", include.display());

@@ -17,6 +17,9 @@ pub type mc_log_sink_fn = ::core::option::Option<
     ),
 >;
 pub type mc_buffer_info_t = mc_buffer_info;
+pub type mc_engine_counters_t = mc_engine_counters;
+pub type mc_gpu_info_t = mc_gpu_info;
+pub type mc_dmabuf_t = mc_dmabuf;
 pub type mc_abi_field_t = mc_abi_field;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -97,6 +100,7 @@ pub struct mc_engine_config {
     pub tcp_pipeline_depth: u32,
     pub tcp_proto_version: u32,
     pub metadata_cache: u32,
+    pub enable_cuda_ipc: u32,
     pub handshake_max_length: u64,
 }
 #[repr(C)]
@@ -104,6 +108,33 @@ pub struct mc_engine_config {
 pub struct mc_buffer_info {
     pub addr: u64,
     pub length: u64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct mc_engine_counters {
+    pub tcp_requests_sent: u64,
+    pub tcp_requests_served: u64,
+    pub tcp_requests_rejected: u64,
+    pub ipc_copies: u64,
+    pub local_copies: u64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct mc_gpu_info {
+    pub build_cuda_major: i32,
+    pub runtime_version: i32,
+    pub driver_version: i32,
+    pub device_count: i32,
+    pub usable: i32,
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct mc_dmabuf {
+    pub fd: i32,
+    pub device: i32,
+    pub offset: u64,
+    pub base: u64,
+    pub size: u64,
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -309,6 +340,8 @@ const _: () = {
         [::core::mem::offset_of!(mc_engine_config, tcp_proto_version) - 84usize];
     ["Offset of field: mc_engine_config::metadata_cache"]
         [::core::mem::offset_of!(mc_engine_config, metadata_cache) - 88usize];
+    ["Offset of field: mc_engine_config::enable_cuda_ipc"]
+        [::core::mem::offset_of!(mc_engine_config, enable_cuda_ipc) - 92usize];
     ["Offset of field: mc_engine_config::handshake_max_length"]
         [::core::mem::offset_of!(mc_engine_config, handshake_max_length) - 96usize];
 };
@@ -320,6 +353,46 @@ const _: () = {
         [::core::mem::offset_of!(mc_buffer_info, addr) - 0usize];
     ["Offset of field: mc_buffer_info::length"]
         [::core::mem::offset_of!(mc_buffer_info, length) - 8usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of mc_engine_counters"][::core::mem::size_of::<mc_engine_counters>() - 40usize];
+    ["Alignment of mc_engine_counters"][::core::mem::align_of::<mc_engine_counters>() - 8usize];
+    ["Offset of field: mc_engine_counters::tcp_requests_sent"]
+        [::core::mem::offset_of!(mc_engine_counters, tcp_requests_sent) - 0usize];
+    ["Offset of field: mc_engine_counters::tcp_requests_served"]
+        [::core::mem::offset_of!(mc_engine_counters, tcp_requests_served) - 8usize];
+    ["Offset of field: mc_engine_counters::tcp_requests_rejected"]
+        [::core::mem::offset_of!(mc_engine_counters, tcp_requests_rejected) - 16usize];
+    ["Offset of field: mc_engine_counters::ipc_copies"]
+        [::core::mem::offset_of!(mc_engine_counters, ipc_copies) - 24usize];
+    ["Offset of field: mc_engine_counters::local_copies"]
+        [::core::mem::offset_of!(mc_engine_counters, local_copies) - 32usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of mc_gpu_info"][::core::mem::size_of::<mc_gpu_info>() - 20usize];
+    ["Alignment of mc_gpu_info"][::core::mem::align_of::<mc_gpu_info>() - 4usize];
+    ["Offset of field: mc_gpu_info::build_cuda_major"]
+        [::core::mem::offset_of!(mc_gpu_info, build_cuda_major) - 0usize];
+    ["Offset of field: mc_gpu_info::runtime_version"]
+        [::core::mem::offset_of!(mc_gpu_info, runtime_version) - 4usize];
+    ["Offset of field: mc_gpu_info::driver_version"]
+        [::core::mem::offset_of!(mc_gpu_info, driver_version) - 8usize];
+    ["Offset of field: mc_gpu_info::device_count"]
+        [::core::mem::offset_of!(mc_gpu_info, device_count) - 12usize];
+    ["Offset of field: mc_gpu_info::usable"]
+        [::core::mem::offset_of!(mc_gpu_info, usable) - 16usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of mc_dmabuf"][::core::mem::size_of::<mc_dmabuf>() - 32usize];
+    ["Alignment of mc_dmabuf"][::core::mem::align_of::<mc_dmabuf>() - 8usize];
+    ["Offset of field: mc_dmabuf::fd"][::core::mem::offset_of!(mc_dmabuf, fd) - 0usize];
+    ["Offset of field: mc_dmabuf::device"][::core::mem::offset_of!(mc_dmabuf, device) - 4usize];
+    ["Offset of field: mc_dmabuf::offset"][::core::mem::offset_of!(mc_dmabuf, offset) - 8usize];
+    ["Offset of field: mc_dmabuf::base"][::core::mem::offset_of!(mc_dmabuf, base) - 16usize];
+    ["Offset of field: mc_dmabuf::size"][::core::mem::offset_of!(mc_dmabuf, size) - 24usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -605,6 +678,53 @@ unsafe extern "C" {
         buf: *mut ::core::ffi::c_char,
         len: usize,
         needed: *mut usize,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_engine_get_counters(
+        engine: transfer_engine_t,
+        out: *mut mc_engine_counters_t,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_gpu_query(
+        info: *mut mc_gpu_info_t,
+        reason: *mut ::core::ffi::c_char,
+        reason_len: usize,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_gpu_alloc(
+        device: ::core::ffi::c_int,
+        size: usize,
+        ptr: *mut *mut ::core::ffi::c_void,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_gpu_free(
+        device: ::core::ffi::c_int,
+        ptr: *mut ::core::ffi::c_void,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_gpu_alloc_pinned(
+        size: usize,
+        ptr: *mut *mut ::core::ffi::c_void,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_gpu_free_pinned(ptr: *mut ::core::ffi::c_void) -> ::core::ffi::c_int;
+    pub fn mc_gpu_memcpy(
+        dst: *mut ::core::ffi::c_void,
+        src: *const ::core::ffi::c_void,
+        size: usize,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_gpu_memset(
+        device: ::core::ffi::c_int,
+        ptr: *mut ::core::ffi::c_void,
+        value: ::core::ffi::c_int,
+        size: usize,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_gpu_pointer_device(
+        ptr: *const ::core::ffi::c_void,
+        device: *mut i32,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_gpu_dmabuf_export(
+        ptr: *const ::core::ffi::c_void,
+        size: usize,
+        out: *mut mc_dmabuf_t,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_gpu_dmabuf_supported(
+        device: ::core::ffi::c_int,
+        supported: *mut i32,
     ) -> ::core::ffi::c_int;
     pub fn mc_abi_describe(fields: *mut *const mc_abi_field_t) -> usize;
 }

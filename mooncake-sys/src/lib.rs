@@ -28,6 +28,19 @@ pub use bindings::*;
 /// evaluate).
 pub const INVALID_BATCH: u64 = u64::MAX;
 
+/// The CUDA major this engine was built for (12 or 13), or 0 for a CPU
+/// build (features `cuda12` / `cuda13`).
+pub const CUDA_MAJOR: u32 = {
+    let s = env!("MOONCAKE_CUDA_MAJOR").as_bytes();
+    let mut v = 0u32;
+    let mut i = 0;
+    while i < s.len() {
+        v = v * 10 + (s[i] - b'0') as u32;
+        i += 1;
+    }
+    v
+};
+
 /// The committed bindings, for the freshness check of the `bindgen` feature.
 #[doc(hidden)]
 pub const COMMITTED_BINDINGS: &str = include_str!("bindings.rs");

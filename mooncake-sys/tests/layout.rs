@@ -51,6 +51,25 @@ fn rust_layout() -> BTreeMap<(String, String), (usize, usize)> {
     layout!(m, mc_abi_field, type_name, field_name, offset, size);
     layout!(
         m,
+        mc_engine_counters,
+        tcp_requests_sent,
+        tcp_requests_served,
+        tcp_requests_rejected,
+        ipc_copies,
+        local_copies
+    );
+    layout!(
+        m,
+        mc_gpu_info,
+        build_cuda_major,
+        runtime_version,
+        driver_version,
+        device_count,
+        usable
+    );
+    layout!(m, mc_dmabuf, fd, device, offset, base, size);
+    layout!(
+        m,
         mc_engine_config,
         struct_size,
         protocols,
@@ -72,6 +91,7 @@ fn rust_layout() -> BTreeMap<(String, String), (usize, usize)> {
         tcp_pipeline_depth,
         tcp_proto_version,
         metadata_cache,
+        enable_cuda_ipc,
         handshake_max_length
     );
     m

@@ -100,6 +100,7 @@ typedef struct mc_engine_config {
     uint32_t tcp_pipeline_depth;
     uint32_t tcp_proto_version;      /* 2, or 1 to speak legacy framing */
     uint32_t metadata_cache;         /* 1 = cache remote descriptors */
+    uint32_t enable_cuda_ipc;        /* 1 = same-host GPU path (CUDA IPC) */
     uint64_t handshake_max_length;
 } mc_engine_config_t;
 
@@ -162,6 +163,50 @@ int mc_batch_status(transfer_engine_t engine, batch_id_t batch_id,
 /* Why a FAILED task failed, NUL-terminated (empty when it did not fail). */
 int mc_transfer_error(transfer_engine_t engine, batch_id_t batch_id, size_t task_id,
                       char *buf, size_t len, size_t *needed);
+
+/* What an engine has done so far, by path. */
+typedef struct mc_engine_counters {
+    uint64_t tcp_requests_sent;     /* as initiator */
+    uint64_t tcp_requests_served;   /* as target */
+    uint64_t tcp_requests_rejected; /* as target: outside every buffer */
+    uint64_t ipc_copies;            /* same-host GPU path, as initiator */
+    uint64_t local_copies;          /* LOCAL_SEGMENT transfers */
+} mc_engine_counters_t;
+int mc_engine_get_counters(transfer_engine_t engine, mc_engine_counters_t *out);
+
+/* GPU support. In a CPU build, or without a usable GPU and driver, the
+ * calls below fail with ERR_NOT_IMPLEMENTED / ERR_CONTEXT and a message that
+ * names the build's CUDA major and the driver's version. */
+typedef struct mc_gpu_info {
+    int32_t build_cuda_major; /* 12, 13, or 0 for a CPU build */
+    int32_t runtime_version;  /* statically linked runtime, e.g. 12090 */
+    int32_t driver_version;   /* e.g. 13000; 0 without a driver */
+    int32_t device_count;
+    int32_t usable;           /* 1 when GPU memory can be used */
+} mc_gpu_info_t;
+/* `reason` (may be NULL) receives why the GPU is unusable, or "". */
+int mc_gpu_query(mc_gpu_info_t *info, char *reason, size_t reason_len);
+int mc_gpu_alloc(int device, size_t size, void **ptr);
+int mc_gpu_free(int device, void *ptr);
+int mc_gpu_alloc_pinned(size_t size, void **ptr);
+int mc_gpu_free_pinned(void *ptr);
+/* Synchronous copy between any host and device memory. */
+int mc_gpu_memcpy(void *dst, const void *src, size_t size);
+int mc_gpu_memset(int device, void *ptr, int value, size_t size);
+/* Where a pointer lives: *device = GPU ordinal, or -1 for host memory. */
+int mc_gpu_pointer_device(const void *ptr, int32_t *device);
+
+typedef struct mc_dmabuf {
+    int32_t fd;      /* owned by the caller: close() it */
+    int32_t device;
+    uint64_t offset; /* of the pointer inside the exported allocation */
+    uint64_t base;   /* allocation start */
+    uint64_t size;   /* allocation size */
+} mc_dmabuf_t;
+/* DMA-BUF export of the device allocation holding [ptr, ptr+size), as used
+ * for RDMA registration with WITH_NVIDIA_PEERMEM=0. */
+int mc_gpu_dmabuf_export(const void *ptr, size_t size, mc_dmabuf_t *out);
+int mc_gpu_dmabuf_supported(int device, int32_t *supported);
 
 /* ABI self-description: one entry per field of every struct shared with
  * bindings, so that a binding can check its own layout at test time. */

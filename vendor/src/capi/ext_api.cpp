@@ -1,10 +1,12 @@
 // The extension C ABI (mooncake_ext.h).
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "capi/api_guard.h"
 #include "engine/config.h"
+#include "gpu/gpu.h"
 #include "mooncake_ext.h"
 
 using namespace mcrs;
@@ -45,6 +47,7 @@ EngineConfig to_engine_config(const mc_engine_config_t &c) {
     e.tcp_pipeline_depth = c.tcp_pipeline_depth;
     e.tcp_proto_version = c.tcp_proto_version;
     e.metadata_cache = c.metadata_cache != 0;
+    e.enable_cuda_ipc = c.enable_cuda_ipc != 0;
     e.handshake_max_length = c.handshake_max_length;
     return e;
 }
@@ -75,6 +78,7 @@ int mc_engine_config_default(mc_engine_config_t *cfg) {
         cfg->tcp_pipeline_depth = e.tcp_pipeline_depth;
         cfg->tcp_proto_version = e.tcp_proto_version;
         cfg->metadata_cache = e.metadata_cache ? 1 : 0;
+        cfg->enable_cuda_ipc = e.enable_cuda_ipc ? 1 : 0;
         cfg->handshake_max_length = e.handshake_max_length;
         return 0;
     });
@@ -222,6 +226,108 @@ int mc_transfer_error(transfer_engine_t engine, batch_id_t batch_id, size_t task
     });
 }
 
+int mc_engine_get_counters(transfer_engine_t engine, mc_engine_counters_t *out) {
+    return guard_errcode("mc_engine_get_counters", [&] {
+        if (!out) throw Error(kErrInvalidArgument, "out pointer is null");
+        auto c = engine_of(engine, "mc_engine_get_counters")->counters();
+        *out = mc_engine_counters_t{c.tcp_sent, c.tcp_served, c.tcp_rejected, c.ipc_copies, c.local_copies};
+        return 0;
+    });
+}
+
+int mc_gpu_query(mc_gpu_info_t *info, char *reason, size_t reason_len) {
+    return guard_errcode("mc_gpu_query", [&] {
+        if (!info) throw Error(kErrInvalidArgument, "info pointer is null");
+        const gpu::Status &s = gpu::status();
+        info->build_cuda_major = gpu::build_major();
+        info->runtime_version = s.runtime_version;
+        info->driver_version = s.driver_version;
+        info->device_count = s.device_count;
+        info->usable = s.usable ? 1 : 0;
+        if (reason && reason_len > 0) std::snprintf(reason, reason_len, "%s", s.usable ? "" : s.reason.c_str());
+        return 0;
+    });
+}
+
+int mc_gpu_alloc(int device, size_t size, void **ptr) {
+    return guard_errcode("mc_gpu_alloc", [&] {
+        if (!ptr || size == 0) throw Error(kErrInvalidArgument, "need an out-pointer and a non-zero size");
+        *ptr = gpu::alloc_device(device, size);
+        return 0;
+    });
+}
+
+int mc_gpu_free(int device, void *ptr) {
+    return guard_errcode("mc_gpu_free", [&] {
+        gpu::free_device(ptr, device);
+        return 0;
+    });
+}
+
+int mc_gpu_alloc_pinned(size_t size, void **ptr) {
+    return guard_errcode("mc_gpu_alloc_pinned", [&] {
+        if (!ptr || size == 0) throw Error(kErrInvalidArgument, "need an out-pointer and a non-zero size");
+        *ptr = gpu::alloc_pinned(size);
+        return 0;
+    });
+}
+
+int mc_gpu_free_pinned(void *ptr) {
+    return guard_errcode("mc_gpu_free_pinned", [&] {
+        gpu::free_pinned(ptr);
+        return 0;
+    });
+}
+
+int mc_gpu_memcpy(void *dst, const void *src, size_t size) {
+    return guard_errcode("mc_gpu_memcpy", [&] {
+        if (size == 0) return 0;
+        if (!dst || !src) throw Error(kErrInvalidArgument, "null pointer");
+        gpu::copy(dst, src, size);
+        return 0;
+    });
+}
+
+int mc_gpu_memset(int device, void *ptr, int value, size_t size) {
+    return guard_errcode("mc_gpu_memset", [&] {
+        if (!ptr) throw Error(kErrInvalidArgument, "null pointer");
+        gpu::memset_device(ptr, value, size, device);
+        return 0;
+    });
+}
+
+int mc_gpu_pointer_device(const void *ptr, int32_t *device) {
+    return guard_errcode("mc_gpu_pointer_device", [&] {
+        if (!device) throw Error(kErrInvalidArgument, "device pointer is null");
+        gpu::PointerKind k = gpu::classify(ptr);
+        *device = k.device ? k.ordinal : -1;
+        return 0;
+    });
+}
+
+int mc_gpu_dmabuf_export(const void *ptr, size_t size, mc_dmabuf_t *out) {
+    return guard_errcode("mc_gpu_dmabuf_export", [&] {
+        if (!out || !ptr || size == 0) throw Error(kErrInvalidArgument, "need a pointer, a size and an out struct");
+        gpu::DmabufExport x;
+        gpu::dmabuf_export(ptr, size, x);
+        out->fd = x.fd;
+        out->device = x.device;
+        out->offset = x.offset;
+        out->base = x.base;
+        out->size = x.size;
+        return 0;
+    });
+}
+
+int mc_gpu_dmabuf_supported(int device, int32_t *supported) {
+    return guard_errcode("mc_gpu_dmabuf_supported", [&] {
+        if (!supported) throw Error(kErrInvalidArgument, "out pointer is null");
+        gpu::require_usable("DMA-BUF support query");
+        *supported = gpu::dmabuf_supported(device) ? 1 : 0;
+        return 0;
+    });
+}
+
 #define MC_ABI_STRUCT(T) {#T, "", 0, sizeof(T)}
 #define MC_ABI_FIELD(T, F) {#T, #F, offsetof(T, F), sizeof(((T *)nullptr)->F)}
 
@@ -255,6 +361,24 @@ size_t mc_abi_describe(const mc_abi_field_t **fields) {
         MC_ABI_FIELD(mc_abi_field, field_name),
         MC_ABI_FIELD(mc_abi_field, offset),
         MC_ABI_FIELD(mc_abi_field, size),
+        MC_ABI_STRUCT(mc_engine_counters),
+        MC_ABI_FIELD(mc_engine_counters, tcp_requests_sent),
+        MC_ABI_FIELD(mc_engine_counters, tcp_requests_served),
+        MC_ABI_FIELD(mc_engine_counters, tcp_requests_rejected),
+        MC_ABI_FIELD(mc_engine_counters, ipc_copies),
+        MC_ABI_FIELD(mc_engine_counters, local_copies),
+        MC_ABI_STRUCT(mc_gpu_info),
+        MC_ABI_FIELD(mc_gpu_info, build_cuda_major),
+        MC_ABI_FIELD(mc_gpu_info, runtime_version),
+        MC_ABI_FIELD(mc_gpu_info, driver_version),
+        MC_ABI_FIELD(mc_gpu_info, device_count),
+        MC_ABI_FIELD(mc_gpu_info, usable),
+        MC_ABI_STRUCT(mc_dmabuf),
+        MC_ABI_FIELD(mc_dmabuf, fd),
+        MC_ABI_FIELD(mc_dmabuf, device),
+        MC_ABI_FIELD(mc_dmabuf, offset),
+        MC_ABI_FIELD(mc_dmabuf, base),
+        MC_ABI_FIELD(mc_dmabuf, size),
         MC_ABI_STRUCT(mc_engine_config),
         MC_ABI_FIELD(mc_engine_config, struct_size),
         MC_ABI_FIELD(mc_engine_config, protocols),
@@ -276,6 +400,7 @@ size_t mc_abi_describe(const mc_abi_field_t **fields) {
         MC_ABI_FIELD(mc_engine_config, tcp_pipeline_depth),
         MC_ABI_FIELD(mc_engine_config, tcp_proto_version),
         MC_ABI_FIELD(mc_engine_config, metadata_cache),
+        MC_ABI_FIELD(mc_engine_config, enable_cuda_ipc),
         MC_ABI_FIELD(mc_engine_config, handshake_max_length),
     };
     if (fields) *fields = kFields;

@@ -46,6 +46,9 @@ struct EngineConfig {
     uint32_t tcp_max_server_connections = 1024;
 
     bool metadata_cache = true;
+    // Same-host GPU path: advertise CUDA IPC handles for device buffers and
+    // use peers' handles instead of TCP when both run on this host.
+    bool enable_cuda_ipc = true;
     uint64_t max_notifications = 1u << 20;  // queued, not yet drained
 
     // Defaults, then the MC_* environment variables that upstream honours.

@@ -118,7 +118,8 @@ void MemoryRegistry::add_batch(const std::vector<RegionInfo> &regions) {
                             " in one batch overlap");
     }
     for (const auto &r : sorted) {
-        if (r.addr != 0 && r.length != 0 && r.addr + r.length > r.addr &&
+        // Device memory is not mapped into the host's page tables.
+        if (r.device < 0 && r.addr != 0 && r.length != 0 && r.addr + r.length > r.addr &&
             !range_is_mapped(r.addr, r.length))
             throw Error(kErrInvalidArgument,
                         "range " + range_str(r.addr, r.length) +
@@ -132,6 +133,9 @@ void MemoryRegistry::add_batch(const std::vector<RegionInfo> &regions) {
         reg->length = r.length;
         reg->remote_accessible = r.remote_accessible;
         reg->location = r.location;
+        reg->device = r.device;
+        reg->ipc_handle = r.ipc_handle;
+        reg->ipc_offset = r.ipc_offset;
         by_addr_.emplace(r.addr, std::move(reg));
     }
     ++generation_;
@@ -214,7 +218,8 @@ std::vector<RegionInfo> MemoryRegistry::snapshot(bool remote_only) const {
     for (const auto &kv : by_addr_) {
         const auto &r = kv.second;
         if (remote_only && !r->remote_accessible) continue;
-        out.push_back(RegionInfo{r->addr, r->length, r->remote_accessible, r->location});
+        out.push_back(RegionInfo{r->addr, r->length, r->remote_accessible, r->location, r->device,
+                                 r->ipc_handle, r->ipc_offset});
     }
     return out;
 }

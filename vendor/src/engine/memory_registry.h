@@ -20,6 +20,9 @@ struct Region {
     uint64_t length = 0;
     bool remote_accessible = true;
     std::string location;
+    int device = -1;          // GPU ordinal for device memory, -1 for host
+    std::string ipc_handle;   // CUDA IPC handle of its allocation (hex), if exported
+    uint64_t ipc_offset = 0;  // of `addr` inside that allocation
 
     uint64_t end() const { return addr + length; }
 
@@ -58,6 +61,9 @@ struct RegionInfo {
     uint64_t length;
     bool remote_accessible;
     std::string location;
+    int device = -1;
+    std::string ipc_handle;
+    uint64_t ipc_offset = 0;
 };
 
 class MemoryRegistry {

@@ -31,6 +31,8 @@ Json encode_segment_desc(const SegmentDesc &d) {
     if (!d.tcp_data_host.empty()) j.set("tcp_data_host", d.tcp_data_host);
     j.set("rdma_server_name", d.rdma_server_name);
     j.set("timestamp", descriptor_timestamp());
+    if (!d.host_id.empty()) j.set("mc_host_id", d.host_id);
+    if (d.pid != 0) j.set("mc_pid", d.pid);
     Json bufs = Json::array();
     bool rdma = d.protocol != "tcp";
     for (const auto &b : d.buffers) {
@@ -38,6 +40,11 @@ Json encode_segment_desc(const SegmentDesc &d) {
         e.set("addr", b.addr);
         e.set("length", b.length);
         e.set("name", b.name);
+        if (!b.cuda_ipc.empty()) {
+            e.set("mc_cuda_ipc", b.cuda_ipc);
+            e.set("mc_cuda_ipc_offset", b.cuda_ipc_offset);
+            e.set("mc_cuda_device", b.cuda_device);
+        }
         if (rdma) {
             Json lk = Json::array(), rk = Json::array();
             for (uint32_t k : b.lkey) lk.push(Json(static_cast<uint64_t>(k)));
@@ -135,6 +142,8 @@ SegmentDesc decode_segment_desc(const Json &j) {
         }
     }
     if (const Json *pm = j.find("priority_matrix")) d.priority_matrix = *pm;
+    d.host_id = json_string_or(j, "mc_host_id", "");
+    if (const Json *p = j.find("mc_pid")) p->get_i64(d.pid);
     const Json *bufs = j.find("buffers");
     if (bufs) {
         const Json::Array *a = bufs->get_array();
@@ -153,6 +162,12 @@ SegmentDesc decode_segment_desc(const Json &j) {
                 bad("buffers[" + std::to_string(i) + "] has no valid non-zero length");
             if (b.addr + b.length < b.addr)
                 bad("buffers[" + std::to_string(i) + "] wraps around the address space");
+            b.cuda_ipc = json_string_or(e, "mc_cuda_ipc", "");
+            if (const Json *o = e.find("mc_cuda_ipc_offset")) o->get_u64(b.cuda_ipc_offset);
+            if (const Json *dv = e.find("mc_cuda_device")) {
+                int64_t v = -1;
+                if (dv->get_i64(v) && v >= 0 && v < 4096) b.cuda_device = static_cast<int>(v);
+            }
             b.lkey = keys(e, "lkey", i);
             b.rkey = keys(e, "rkey", i);
             if (!b.rkey.empty()) {

@@ -17,6 +17,10 @@ struct BufferDesc {
     uint64_t length = 0;
     std::vector<uint32_t> lkey;  // RDMA only
     std::vector<uint32_t> rkey;  // RDMA only
+    // Extension keys (ignored by upstream readers): the same-host GPU path.
+    std::string cuda_ipc;         // "mc_cuda_ipc": IPC handle of the allocation
+    uint64_t cuda_ipc_offset = 0;  // "mc_cuda_ipc_offset"
+    int cuda_device = -1;          // "mc_cuda_device"
 };
 
 struct DeviceDesc {
@@ -35,6 +39,9 @@ struct SegmentDesc {
     std::vector<BufferDesc> buffers;
     std::vector<DeviceDesc> devices;
     Json priority_matrix;  // kept verbatim (RDMA)
+    // Extension keys: which host and process own the segment.
+    std::string host_id;  // "mc_host_id"
+    int64_t pid = 0;      // "mc_pid"
 };
 
 Json encode_segment_desc(const SegmentDesc &d);

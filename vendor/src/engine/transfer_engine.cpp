@@ -1,6 +1,9 @@
 #include "engine/transfer_engine.h"
 
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include <unordered_map>
 
@@ -12,6 +15,8 @@
 #include "handshake/handshake_client.h"
 #include "handshake/handshake_server.h"
 #include "transfer_engine_c.h"
+#include "gpu/gpu.h"
+#include "transport/ipc/ipc_transport.h"
 #include "transport/tcp/tcp_client.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
@@ -24,6 +29,17 @@ std::string hex(uint64_t v) {
     std::ostringstream s;
     s << "0x" << std::hex << v;
     return s.str();
+}
+
+// Identifies this boot of this host; engines that agree on it may use
+// same-host paths (CUDA IPC) with each other.
+std::string read_host_id() {
+    std::ifstream f("/proc/sys/kernel/random/boot_id");
+    std::string id;
+    std::getline(f, id);
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    return id.empty() ? std::string() : id + "@" + host;
 }
 
 HandshakeClientOptions client_options(const EngineConfig &c) {
@@ -72,6 +88,8 @@ TransferEngine::TransferEngine(EngineConfig cfg)
         throw Error(kErrNotImplemented,
                     "the RDMA transport is not implemented yet; use the TCP protocol");
     if (cfg_.protocols & kProtoTcp) install_transport("tcp");
+    host_id_ = read_host_id();
+    if (cfg_.enable_cuda_ipc && gpu::build_major() != 0) ipc_ = std::make_unique<IpcTransport>(2);
     handshake_->start();
     MC_LOG(Info, "engine " << segment_name_ << " up (tcp data port " << tcp_port_ << ")");
 }
@@ -83,6 +101,7 @@ TransferEngine::~TransferEngine() {
     if (handshake_) handshake_->stop();
     // Stop initiating first (fails what is queued or in flight), then stop
     // serving peers; after both no thread touches registered memory.
+    if (ipc_) ipc_->stop();
     if (tcp_client_) tcp_client_->stop();
     if (tcp_server_) tcp_server_->stop();
     batches_.clear();
@@ -119,6 +138,18 @@ void TransferEngine::install_transport(const std::string &proto) {
     tcp_installed_.store(true);
 }
 
+TransferEngine::Counters TransferEngine::counters() const {
+    Counters c{};
+    if (tcp_client_) c.tcp_sent = tcp_client_->requests_submitted();
+    if (tcp_server_) {
+        c.tcp_served = tcp_server_->served_requests();
+        c.tcp_rejected = tcp_server_->rejected_requests();
+    }
+    if (ipc_) c.ipc_copies = ipc_->copies();
+    c.local_copies = local_copies_.load(std::memory_order_relaxed);
+    return c;
+}
+
 SegmentDesc TransferEngine::local_descriptor() const {
     SegmentDesc d;
     d.name = segment_name_;
@@ -126,11 +157,18 @@ SegmentDesc TransferEngine::local_descriptor() const {
     d.tcp_data_host = local_host_;
     d.tcp_data_port = tcp_port_;
     d.tcp_proto_version = 2;
+    d.host_id = host_id_;
+    d.pid = static_cast<int64_t>(getpid());
     for (const auto &r : registry_.snapshot(/*remote_only=*/true)) {
         BufferDesc b;
         b.name = r.location.empty() ? "*" : r.location;
         b.addr = r.addr;
         b.length = r.length;
+        if (!r.ipc_handle.empty()) {
+            b.cuda_ipc = r.ipc_handle;
+            b.cuda_ipc_offset = r.ipc_offset;
+            b.cuda_device = r.device;
+        }
         d.buffers.push_back(std::move(b));
     }
     return d;
@@ -187,18 +225,45 @@ SegmentDesc TransferEngine::fetch_descriptor(const std::string &name) {
     }
 }
 
+void TransferEngine::describe_region(RegionInfo &r) const {
+    gpu::PointerKind k = gpu::classify(reinterpret_cast<void *>(r.addr));
+    if (!k.device) {
+        if (r.location.empty() || r.location == "*") r.location = detect_host_location(reinterpret_cast<void *>(r.addr));
+        return;
+    }
+    r.device = k.ordinal;
+    r.location = "cuda:" + std::to_string(k.ordinal);  // the pointer's real home
+    uint64_t base = 0, size = 0;
+    std::string why;
+    if (!gpu::allocation_range(reinterpret_cast<void *>(r.addr), base, size, why))
+        throw Error(kErrInvalidArgument, "GPU buffer " + hex(r.addr) + ": " + why);
+    if (r.addr + r.length > base + size)
+        throw Error(kErrInvalidArgument, "GPU range [" + hex(r.addr) + ", " + hex(r.addr + r.length) +
+                                             ") runs past the end of its allocation [" + hex(base) + ", " +
+                                             hex(base + size) + ")");
+    if (cfg_.enable_cuda_ipc && r.remote_accessible) {
+        gpu::IpcExport x;
+        std::string err;
+        if (gpu::ipc_export(reinterpret_cast<void *>(r.addr), x, err)) {
+            r.ipc_handle = x.handle_hex;
+            r.ipc_offset = x.offset;
+        } else {
+            MC_LOG(Info, "no CUDA IPC handle for buffer " << hex(r.addr) << " (" << err
+                                                          << "); peers on this host will use TCP");
+        }
+    }
+}
+
 void TransferEngine::register_memory(void *addr, size_t len, const std::string &location,
                                      bool remote) {
-    std::string loc = location;
-    if (loc.empty() || loc == "*") loc = detect_host_location(addr);
-    registry_.add(reinterpret_cast<uint64_t>(addr), len, loc, remote);
+    RegionInfo r{reinterpret_cast<uint64_t>(addr), len, remote, location};
+    describe_region(r);
+    registry_.add_batch({r});
 }
 
 void TransferEngine::register_memory_batch(const std::vector<RegionInfo> &regions) {
     std::vector<RegionInfo> rs = regions;
-    for (auto &r : rs)
-        if (r.location.empty() || r.location == "*")
-            r.location = detect_host_location(reinterpret_cast<void *>(r.addr));
+    for (auto &r : rs) describe_region(r);
     registry_.add_batch(rs);
 }
 
@@ -230,6 +295,7 @@ std::pair<int, std::string> TransferEngine::sync_segment_cache() {
 }
 
 std::shared_ptr<const SegmentDesc> TransferEngine::segment_desc(int32_t id) const {
+    if (id == LOCAL_SEGMENT) return std::make_shared<const SegmentDesc>(local_descriptor());
     return segments_.get(id);
 }
 
@@ -338,11 +404,40 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
             run_local(kv.second);
             continue;
         }
-        const SegmentDesc &d = *descs.at(kv.first);
-        std::string host = d.tcp_data_host.empty() ? parse_host_port(d.name).host : d.tcp_data_host;
-        int version = (d.tcp_proto_version >= 2 && cfg_.tcp_proto_version >= 2) ? 2 : 1;
-        tcp_client_->submit(host, d.tcp_data_port, version, kv.second);
+        auto desc = descs.at(kv.first);
+        const SegmentDesc &d = *desc;
+        // Same host, another process, and the target buffer has a CUDA IPC
+        // handle: copy engines instead of the network.
+        if (ipc_ && !d.host_id.empty() && d.host_id == host_id_ && d.pid != static_cast<int64_t>(getpid())) {
+            std::vector<TransferItem> via_ipc, via_tcp;
+            std::vector<IpcTarget> targets;
+            for (auto &it : kv.second) {
+                const BufferDesc *hit = nullptr;
+                for (const auto &b : d.buffers)
+                    if (!b.cuda_ipc.empty() && it.remote_addr >= b.addr && it.remote_addr + it.length <= b.addr + b.length) {
+                        hit = &b;
+                        break;
+                    }
+                if (hit && ipc_->usable(hit->cuda_ipc)) {
+                    targets.push_back(IpcTarget{hit->cuda_ipc, hit->addr, hit->length, hit->cuda_ipc_offset, hit->cuda_device});
+                    via_ipc.push_back(std::move(it));
+                } else {
+                    via_tcp.push_back(std::move(it));
+                }
+            }
+            if (!via_tcp.empty()) send_tcp(d, via_tcp);
+            if (!via_ipc.empty())
+                ipc_->submit(via_ipc, targets, [this, desc](std::vector<TransferItem> &rerouted) { send_tcp(*desc, rerouted); });
+            continue;
+        }
+        send_tcp(d, kv.second);
     }
+}
+
+void TransferEngine::send_tcp(const SegmentDesc &d, std::vector<TransferItem> &items) {
+    std::string host = d.tcp_data_host.empty() ? parse_host_port(d.name).host : d.tcp_data_host;
+    int version = (d.tcp_proto_version >= 2 && cfg_.tcp_proto_version >= 2) ? 2 : 1;
+    tcp_client_->submit(host, d.tcp_data_port, version, items);
 }
 
 void TransferEngine::run_local(std::vector<TransferItem> &items) {
@@ -356,9 +451,22 @@ void TransferEngine::run_local(std::vector<TransferItem> &items) {
             continue;
         }
         char *t = reinterpret_cast<char *>(it.remote_addr);
-        if (it.opcode == OPCODE_WRITE) std::memmove(t, it.local, it.length);
-        else std::memmove(it.local, t, it.length);
+        char *dst = it.opcode == OPCODE_WRITE ? t : it.local;
+        const char *src = it.opcode == OPCODE_WRITE ? it.local : t;
+        bool device = target.region()->device >= 0 || (it.local_pin && it.local_pin.region()->device >= 0);
+        if (device) {
+            // Any direction between host and GPU memory, by the copy engines.
+            try {
+                gpu::copy(dst, src, it.length);
+            } catch (const Error &e) {
+                it.fail(std::string("local-segment GPU copy failed: ") + e.what());
+                continue;
+            }
+        } else {
+            std::memmove(dst, src, it.length);
+        }
         target.release();
+        local_copies_.fetch_add(1, std::memory_order_relaxed);
         it.complete();
     }
 }

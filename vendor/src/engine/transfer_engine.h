@@ -23,6 +23,7 @@ namespace mcrs {
 class HandshakeServer;
 class TcpServer;
 class TcpClient;
+class IpcTransport;
 
 class TransferEngine {
 public:
@@ -79,15 +80,23 @@ public:
 
     void enable_graceful_shutdown() { graceful_.store(true); }
 
+    struct Counters {
+        uint64_t tcp_sent, tcp_served, tcp_rejected, ipc_copies, local_copies;
+    };
+    Counters counters() const;
+
     // Our own descriptor, as served to peers.
     SegmentDesc local_descriptor() const;
 
 private:
     bool handle_handshake(uint8_t type, const Json &req, Json &reply);
+    // Fills the GPU facts (device, location, IPC handle) of a region.
+    void describe_region(RegionInfo &r) const;
     SegmentDesc fetch_descriptor(const std::string &name);
     std::shared_ptr<Batch> batch_or_throw(uint64_t id) const;
     void maybe_send_batch_notify(Batch &b);
     void run_local(std::vector<struct TransferItem> &items);
+    void send_tcp(const SegmentDesc &d, std::vector<struct TransferItem> &items);
 
     EngineConfig cfg_;
     std::string local_host_;
@@ -105,7 +114,10 @@ private:
     std::atomic<bool> graceful_{false};
     std::unique_ptr<TcpServer> tcp_server_;
     std::unique_ptr<TcpClient> tcp_client_;
+    std::unique_ptr<IpcTransport> ipc_;
     std::unique_ptr<HandshakeServer> handshake_;
+    std::string host_id_;  // this boot of this host (for same-host paths)
+    std::atomic<uint64_t> local_copies_{0};
 };
 
 }  // namespace mcrs

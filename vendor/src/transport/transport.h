@@ -31,6 +31,8 @@ struct TransferItem {
         batch.reset();
     }
     bool pending() const { return batch != nullptr; }
+    // GPU ordinal of the local memory, or -1 for host memory.
+    int local_device() const { return local_pin ? local_pin.region()->device : -1; }
 };
 
 }  // namespace mcrs

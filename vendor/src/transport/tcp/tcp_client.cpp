@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/host_port.h"
 #include "common/log.h"
+#include "gpu/gpu.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace mcrs {
@@ -248,11 +249,20 @@ void Lane::send_loop() {
         h.opcode = static_cast<uint8_t>(e->item.opcode == kTcpOpWrite ? kTcpOpWrite : kTcpOpRead);
         if (e->version >= 2) h.opcode |= kTcpV2Flag;
         encode_tcp_header(h, hdr);
-        struct iovec iov[2];
-        int n = 0;
-        iov[n++] = {hdr, sizeof hdr};
-        if (e->item.opcode == kTcpOpWrite) iov[n++] = {e->item.local, static_cast<size_t>(h.size)};
-        IoResult io = sendv_all(sock, iov, n);
+        const int device = e->item.local_device();
+        IoResult io;
+        std::string gpu_err;
+        if (device >= 0 && e->item.opcode == kTcpOpWrite) {
+            // GPU source: header, then the payload staged chunk by chunk.
+            io = send_all(sock, hdr, sizeof hdr);
+            if (io.ok()) io = gpu::send_from_device(sock, e->item.local, static_cast<size_t>(h.size), device, gpu_err);
+        } else {
+            struct iovec iov[2];
+            int n = 0;
+            iov[n++] = {hdr, sizeof hdr};
+            if (e->item.opcode == kTcpOpWrite) iov[n++] = {e->item.local, static_cast<size_t>(h.size)};
+            io = sendv_all(sock, iov, n);
+        }
 
         std::lock_guard<std::mutex> g(mu_);
         sending_ = false;
@@ -261,7 +271,7 @@ void Lane::send_loop() {
         } else {
             MC_LOG(Info, "TCP lane " << index_ << ": sending " << describe(e->item, peer_.label)
                                      << " failed: " << io.describe());
-            send_error_ = io.describe();
+            send_error_ = gpu_err.empty() ? io.describe() : gpu_err;
             mark_broken_locked();
         }
         cv_.notify_all();
@@ -270,20 +280,24 @@ void Lane::send_loop() {
 
 bool Lane::read_response(int sock, Inflight &e, std::string &why) {
     const bool write = e.item.opcode == kTcpOpWrite;
-    if (e.version < 2) {
-        if (write) return true;  // v1 has no acknowledgement
-        IoResult io = recv_all(sock, e.item.local, static_cast<size_t>(e.item.length));
-        if (!io.ok()) {
-            why = io.describe();
-            return false;
-        }
-        return true;
-    }
+    const int device = e.item.local_device();
+    // READ data: straight into host memory, or staged into GPU memory.
+    auto read_payload = [&]() {
+        IoResult io;
+        std::string err;
+        if (device < 0) io = recv_all(sock, e.item.local, static_cast<size_t>(e.item.length));
+        else io = gpu::recv_into_device(sock, e.item.local, static_cast<size_t>(e.item.length), device, err);
+        if (!io.ok()) why = err.empty() ? io.describe() : err;
+        return io.ok();
+    };
+    if (e.version < 2) return write || read_payload();  // v1 WRITE has no acknowledgement
     unsigned char st[8];
     struct iovec iov[2];
     int n = 0;
     iov[n++] = {st, sizeof st};
-    if (!write) iov[n++] = {e.item.local, static_cast<size_t>(e.item.length)};
+    // Host READs take the status frame and the data in one readv.
+    const bool fused = !write && device < 0;
+    if (fused) iov[n++] = {e.item.local, static_cast<size_t>(e.item.length)};
     IoResult io = recvv_all(sock, iov, n);
     if (io.done >= sizeof st || io.ok()) {
         uint64_t v = get_le64(st);
@@ -306,7 +320,7 @@ bool Lane::read_response(int sock, Inflight &e, std::string &why) {
         why = io.describe();
         return false;
     }
-    return true;
+    return write || fused || read_payload();
 }
 
 void Lane::receive_loop() {
@@ -378,6 +392,7 @@ void TcpClient::submit(const std::string &host, uint16_t port, int proto_version
         if (!slot) slot = std::make_shared<Peer>(host, port, opt_);
         peer = slot;
     }
+    submitted_.fetch_add(items.size(), std::memory_order_relaxed);
     peer->enqueue(items, proto_version);
 }
 

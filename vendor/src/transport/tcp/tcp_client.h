@@ -6,6 +6,7 @@
 // progress timeout, so a dead or silent peer ends in FAILED, never a hang.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -42,6 +43,7 @@ public:
                 std::vector<TransferItem> &items);
     // Fails everything queued or in flight and joins all threads.
     void stop();
+    uint64_t requests_submitted() const { return submitted_.load(std::memory_order_relaxed); }
 
     class Peer;
 
@@ -50,6 +52,7 @@ private:
     std::mutex mu_;
     bool stopped_ = false;
     std::map<std::string, std::shared_ptr<Peer>> peers_;
+    std::atomic<uint64_t> submitted_{0};
 };
 
 }  // namespace mcrs

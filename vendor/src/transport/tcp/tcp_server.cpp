@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/log.h"
+#include "gpu/gpu.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace mcrs {
@@ -132,7 +133,33 @@ void TcpServer::serve(Session *s) {
             if (write && h.size <= kMaxDrainBytes) discard(fd, h.size);
             break;  // close: the peer's stream position is unknown from here
         }
+        served_.fetch_add(1, std::memory_order_relaxed);
         char *mem = reinterpret_cast<char *>(h.addr);
+        const int device = pin.region()->device;
+        if (device >= 0) {
+            // GPU memory: staged through pinned buffers, chunk by chunk.
+            std::string err;
+            if (!write) {
+                unsigned char st[8];
+                put_le64(st, encode_tcp_status(kTcpStatusOk));
+                if (v2 && !send_all(fd, st, sizeof st).ok()) break;
+                io = gpu::send_from_device(fd, mem, static_cast<size_t>(h.size), device, err);
+            } else {
+                io = gpu::recv_into_device(fd, mem, static_cast<size_t>(h.size), device, err);
+                pin.release();
+                if (io.ok() && v2) {
+                    unsigned char st[8];
+                    put_le64(st, encode_tcp_status(kTcpStatusOk));
+                    io = send_all(fd, st, sizeof st);
+                }
+            }
+            if (!io.ok()) {
+                MC_LOG(Info, "TCP server: " << describe_request(h) << " (GPU " << device
+                                             << ") failed: " << (err.empty() ? io.describe() : err));
+                break;
+            }
+            continue;
+        }
         if (!write) {
             unsigned char st[8];
             put_le64(st, encode_tcp_status(kTcpStatusOk));

@@ -32,6 +32,7 @@ public:
     void start();
     void stop();
     uint64_t rejected_requests() const { return rejected_.load(); }
+    uint64_t served_requests() const { return served_.load(); }
 
 private:
     struct Session {
@@ -52,6 +53,7 @@ private:
     std::mutex mu_;
     std::list<std::unique_ptr<Session>> sessions_;
     std::atomic<uint64_t> rejected_{0};
+    std::atomic<uint64_t> served_{0};
 };
 
 }  // namespace mcrs

@@ -1,0 +1,91 @@
+// The subset of the CUDA runtime API the engine uses, declared here because
+// the PyPI runtime packages (nvidia-cuda-runtime-cu12 / nvidia-cuda-runtime)
+// ship cuda_runtime_api.h without the crt/ headers it includes. Names,
+// signatures, enum values and struct layouts are NVIDIA's (stable across
+// CUDA 12 and 13); the functions come from libcudart_static.a. Driver API
+// types come from cuda.h, which is self-contained. Only compiled with CUDA.
+#pragma once
+
+#if MC_WITH_CUDA
+
+#include <cuda.h>
+#include <stddef.h>
+
+extern "C" {
+
+typedef int cudaError_t;  // enum cudaError
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInsufficientDriver = 35, cudaErrorNoDevice = 100 };
+
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUevent_st *cudaEvent_t;
+// The runtime's per-thread default stream handle (a fixed value of the ABI).
+#define cudaStreamPerThread (reinterpret_cast<cudaStream_t>(0x2))
+
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+
+enum cudaMemoryType {
+    cudaMemoryTypeUnregistered = 0,
+    cudaMemoryTypeHost = 1,
+    cudaMemoryTypeDevice = 2,
+    cudaMemoryTypeManaged = 3,
+};
+
+// CUDA 12 ends the struct after hostPointer (24 bytes); CUDA 13 appends a
+// union and `long reserved[7]` (88 bytes). The padding gives the runtime of
+// either major the room it writes into.
+struct cudaPointerAttributes {
+    enum cudaMemoryType type;
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+    long mc_padding[16];
+};
+
+typedef struct cudaIpcMemHandle_st {
+    char reserved[64];
+} cudaIpcMemHandle_t;
+
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaIpcMemLazyEnablePeerAccess 0x01
+
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaDriverGetVersion(int *version);
+cudaError_t cudaRuntimeGetVersion(int *version);
+const char *cudaGetErrorString(cudaError_t error);
+const char *cudaGetErrorName(cudaError_t error);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaMalloc(void **ptr, size_t size);
+cudaError_t cudaFree(void *ptr);
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream);
+cudaError_t cudaMemset(void *ptr, int value, size_t count);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, const void *ptr);
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr);
+cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags);
+cudaError_t cudaIpcCloseMemHandle(void *devPtr);
+cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice);
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags);
+cudaError_t cudaDeviceSynchronize(void);
+
+}  // extern "C"
+
+#endif  // MC_WITH_CUDA

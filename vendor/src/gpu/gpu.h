@@ -1,0 +1,80 @@
+// GPU support behind one CUDA-free interface. In a CPU build (MC_WITH_CUDA
+// unset) every call exists and reports that the engine was built without
+// CUDA; in a CUDA build with no usable GPU or driver, calls fail with a
+// message naming the build's CUDA major and the driver's version. Host
+// memory keeps working either way.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/socket.h"
+
+namespace mcrs {
+namespace gpu {
+
+// 12 or 13, or 0 for a CPU build.
+int build_major();
+
+struct Status {
+    bool usable = false;
+    int device_count = 0;
+    int driver_version = 0;   // e.g. 13000; 0 when there is no driver
+    int runtime_version = 0;  // the statically linked runtime, e.g. 12090
+    std::string reason;       // why not usable
+};
+// Probed once, on first use.
+const Status &status();
+// Throws Error(kErrNotImplemented/kErrContext) with status().reason when the
+// GPU path is unusable.
+void require_usable(const char *what);
+
+// Where a pointer lives: device memory of GPU `device`, or host memory.
+struct PointerKind {
+    bool device = false;
+    int ordinal = -1;
+};
+PointerKind classify(const void *ptr);
+
+// Synchronous copy in any direction (unified addressing). Throws Error.
+void copy(void *dst, const void *src, size_t n);
+void memset_device(void *dst, int value, size_t n, int device);
+void *alloc_device(int device, size_t n);
+void free_device(void *ptr, int device);
+void *alloc_pinned(size_t n);
+void free_pinned(void *ptr);
+
+// TCP with device memory: pipelined through pinned staging buffers.
+IoResult send_from_device(int fd, const void *dev, size_t n, int device, std::string &err);
+IoResult recv_into_device(int fd, void *dev, size_t n, int device, std::string &err);
+
+// CUDA IPC for the same-host path.
+struct IpcExport {
+    std::string handle_hex;  // 128 hex digits
+    uint64_t offset = 0;     // of the pointer inside its allocation
+    int device = -1;
+};
+bool ipc_export(const void *ptr, IpcExport &out, std::string &err);
+// Maps a peer's allocation; returns its base, or nullptr with `err`.
+void *ipc_open(const std::string &handle_hex, int device, std::string &err);
+void ipc_close(void *base, int device);
+
+// The device allocation that contains `ptr`.
+bool allocation_range(const void *ptr, uint64_t &base, uint64_t &size, std::string &err);
+
+// DMA-BUF export of device memory (for RDMA registration without
+// nvidia-peermem). The fd covers the whole allocation; `offset` locates
+// `ptr` inside it. The caller owns the fd.
+struct DmabufExport {
+    int fd = -1;
+    int device = -1;
+    uint64_t offset = 0;
+    uint64_t base = 0;
+    uint64_t size = 0;
+};
+void dmabuf_export(const void *ptr, size_t len, DmabufExport &out);
+bool dmabuf_supported(int device);
+
+}  // namespace gpu
+}  // namespace mcrs

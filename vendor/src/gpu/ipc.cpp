@@ -1,0 +1,98 @@
+// CUDA IPC handles for the same-host GPU path: the owner exports the
+// allocation behind a registered buffer, a peer process maps it and copies
+// with the copy engines, without the network.
+#include <cstdio>
+
+#include "gpu/cuda_api.h"
+#include "gpu/gpu.h"
+
+namespace mcrs {
+namespace gpu {
+
+#if MC_WITH_CUDA
+
+bool ipc_export(const void *ptr, IpcExport &out, std::string &err) {
+    PointerKind k = classify(ptr);
+    if (!k.device) {
+        err = "not device memory";
+        return false;
+    }
+    uint64_t base = 0, size = 0;
+    if (!allocation_range(ptr, base, size, err)) return false;
+    cudaSetDevice(k.ordinal);
+    cudaIpcMemHandle_t h;
+    cudaError_t e = cudaIpcGetMemHandle(&h, reinterpret_cast<void *>(base));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        err = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(e);
+        return false;
+    }
+    static const char *hex = "0123456789abcdef";
+    out.handle_hex.clear();
+    for (unsigned char c : h.reserved) {
+        out.handle_hex.push_back(hex[c >> 4]);
+        out.handle_hex.push_back(hex[c & 15]);
+    }
+    out.offset = reinterpret_cast<uint64_t>(ptr) - base;
+    out.device = k.ordinal;
+    return true;
+}
+
+void *ipc_open(const std::string &handle_hex, int device, std::string &err) {
+    if (!status().usable) {
+        err = status().reason;
+        return nullptr;
+    }
+    cudaIpcMemHandle_t h;
+    if (handle_hex.size() != 2 * sizeof h.reserved) {
+        err = "malformed CUDA IPC handle";
+        return nullptr;
+    }
+    auto nib = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        return -1;
+    };
+    for (size_t i = 0; i < sizeof h.reserved; ++i) {
+        int hi = nib(handle_hex[2 * i]), lo = nib(handle_hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            err = "malformed CUDA IPC handle";
+            return nullptr;
+        }
+        h.reserved[i] = static_cast<char>(hi << 4 | lo);
+    }
+    // Map on a local GPU: the peer's device when we have it, else ours.
+    int local = device >= 0 && device < status().device_count ? device : 0;
+    cudaSetDevice(local);
+    void *p = nullptr;
+    cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        err = std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(e);
+        return nullptr;
+    }
+    return p;
+}
+
+void ipc_close(void *base, int device) {
+    if (!base || !status().usable) return;
+    cudaSetDevice(device >= 0 ? device : 0);
+    cudaIpcCloseMemHandle(base);
+}
+
+#else
+
+bool ipc_export(const void *, IpcExport &, std::string &err) {
+    err = status().reason;
+    return false;
+}
+void *ipc_open(const std::string &, int, std::string &err) {
+    err = status().reason;
+    return nullptr;
+}
+void ipc_close(void *, int) {}
+
+#endif
+
+}  // namespace gpu
+}  // namespace mcrs

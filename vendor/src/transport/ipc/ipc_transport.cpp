@@ -1,0 +1,109 @@
+#include "transport/ipc/ipc_transport.h"
+
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "gpu/gpu.h"
+
+namespace mcrs {
+
+IpcTransport::IpcTransport(int workers) {
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+}
+
+IpcTransport::~IpcTransport() { stop(); }
+
+void IpcTransport::stop() {
+    std::deque<Job> left;
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        if (stopping_ && threads_.empty()) return;
+        stopping_ = true;
+        left.swap(jobs_);
+    }
+    cv_.notify_all();
+    for (auto &j : left) j.item.fail("the engine is shutting down");
+    for (auto &t : threads_)
+        if (t.joinable()) t.join();
+    threads_.clear();
+    for (auto &kv : mappings_) gpu::ipc_close(kv.second.base, kv.second.device);
+    mappings_.clear();
+}
+
+bool IpcTransport::usable(const std::string &handle) {
+    std::lock_guard<std::mutex> g(mu_);
+    return failed_.count(handle) == 0;
+}
+
+void IpcTransport::submit(std::vector<TransferItem> &items, std::vector<IpcTarget> &targets, Fallback fallback) {
+    std::vector<TransferItem> rejected;
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        for (size_t i = 0; i < items.size(); ++i) {
+            if (stopping_) rejected.push_back(std::move(items[i]));
+            else jobs_.push_back(Job{std::move(items[i]), targets[i], fallback});
+        }
+    }
+    cv_.notify_all();
+    for (auto &it : rejected) it.fail("the engine is shutting down");
+}
+
+void *IpcTransport::map(const IpcTarget &t, std::string &err) {
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = mappings_.find(t.handle);
+        if (it != mappings_.end()) return it->second.base;
+        if (failed_.count(t.handle)) {
+            err = "mapping this allocation failed before";
+            return nullptr;
+        }
+    }
+    void *base = gpu::ipc_open(t.handle, t.device, err);
+    std::lock_guard<std::mutex> g(mu_);
+    if (!base) {
+        failed_.insert(t.handle);
+        return nullptr;
+    }
+    auto ins = mappings_.emplace(t.handle, Mapping{base, t.device});
+    if (!ins.second) {  // another worker mapped it meanwhile
+        gpu::ipc_close(base, t.device);
+        return ins.first->second.base;
+    }
+    MC_LOG(Info, "mapped a peer GPU allocation (device " << t.device << ") for the same-host path");
+    return base;
+}
+
+void IpcTransport::work() {
+    for (;;) {
+        Job job;
+        {
+            std::unique_lock<std::mutex> lk(mu_);
+            cv_.wait(lk, [this] { return stopping_ || !jobs_.empty(); });
+            if (jobs_.empty()) return;
+            job = std::move(jobs_.front());
+            jobs_.pop_front();
+        }
+        std::string err;
+        char *base = static_cast<char *>(map(job.target, err));
+        if (!base) {
+            MC_LOG(Warn, "same-host GPU path unavailable (" << err << "); using TCP");
+            std::vector<TransferItem> one;
+            one.push_back(std::move(job.item));
+            job.fallback(one);
+            continue;
+        }
+        TransferItem &it = job.item;
+        char *remote = base + job.target.ipc_offset + (it.remote_addr - job.target.buffer_addr);
+        try {
+            if (it.opcode == 1) gpu::copy(remote, it.local, it.length);
+            else gpu::copy(it.local, remote, it.length);
+            copies_.fetch_add(1, std::memory_order_relaxed);
+            it.complete();
+        } catch (const Error &e) {
+            it.fail(std::string("same-host GPU copy failed: ") + e.what());
+        }
+    }
+}
+
+}  // namespace mcrs

@@ -1,0 +1,69 @@
+// The same-host GPU path: when a peer engine runs on this host (another
+// process) and advertises a CUDA IPC handle for the target buffer, the
+// bytes move with the copy engines through the mapped allocation, without
+// the network. Anything that cannot be mapped falls back to TCP.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace mcrs {
+
+struct IpcTarget {
+    std::string handle;      // the peer allocation's IPC handle (hex)
+    uint64_t buffer_addr;    // the advertised buffer, in the peer's addresses
+    uint64_t buffer_len;
+    uint64_t ipc_offset;     // of the buffer inside the allocation
+    int device;              // the peer's GPU ordinal
+};
+
+class IpcTransport {
+public:
+    // Takes items that could not use IPC after all (the mapping failed).
+    using Fallback = std::function<void(std::vector<TransferItem> &)>;
+
+    explicit IpcTransport(int workers);
+    ~IpcTransport();
+    IpcTransport(const IpcTransport &) = delete;
+    IpcTransport &operator=(const IpcTransport &) = delete;
+
+    // False once mapping `handle` has failed: route to TCP directly.
+    bool usable(const std::string &handle);
+    void submit(std::vector<TransferItem> &items, std::vector<IpcTarget> &targets, Fallback fallback);
+    void stop();
+    uint64_t copies() const { return copies_.load(std::memory_order_relaxed); }
+
+private:
+    struct Job {
+        TransferItem item;
+        IpcTarget target;
+        Fallback fallback;
+    };
+    struct Mapping {
+        void *base;
+        int device;
+    };
+    void work();
+    void *map(const IpcTarget &t, std::string &err);
+
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<Job> jobs_;
+    bool stopping_ = false;
+    std::map<std::string, Mapping> mappings_;
+    std::set<std::string> failed_;
+    std::vector<std::thread> threads_;
+    std::atomic<uint64_t> copies_{0};
+};
+
+}  // namespace mcrs

@@ -1,0 +1,345 @@
+// GPU memory end to end. On a machine without a GPU these check that GPU
+// calls fail cleanly; the GPU lane runs with MOONCAKE_GPU_TESTS=1 (and then
+// fails for real if no GPU is usable).
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine_fixture.h"
+
+extern char **environ;
+
+using namespace mctest;
+
+namespace {
+
+mc_gpu_info_t gpu_info(std::string *reason = nullptr) {
+    mc_gpu_info_t info{};
+    char buf[512] = {0};
+    mc_gpu_query(&info, buf, sizeof buf);
+    if (reason) *reason = buf;
+    return info;
+}
+
+// True when the GPU lane should run; prints why not otherwise.
+bool gpu_lane(const char *test) {
+    const char *want = std::getenv("MOONCAKE_GPU_TESTS");
+    if (!want || std::string(want) != "1") {
+        std::fprintf(stderr, "    SKIPPED %s: set MOONCAKE_GPU_TESTS=1 on a machine with a GPU\n", test);
+        return false;
+    }
+    std::string why;
+    mc_gpu_info_t info = gpu_info(&why);
+    if (!info.usable) mctest::record_failure(__FILE__, __LINE__, "MOONCAKE_GPU_TESTS=1 but: " + why);
+    return info.usable != 0;
+}
+
+struct DeviceBuf {
+    void *ptr = nullptr;
+    size_t len = 0;
+    DeviceBuf(size_t n, int device = 0) : len(n) {
+        if (mc_gpu_alloc(device, n, &ptr) != 0) {
+            mctest::record_failure(__FILE__, __LINE__, std::string("mc_gpu_alloc: ") + mc_last_error_message());
+            throw mctest::Abort{};
+        }
+    }
+    ~DeviceBuf() { mc_gpu_free(0, ptr); }
+    char *at(size_t off) const { return static_cast<char *>(ptr) + off; }
+    void upload(const std::vector<char> &h, size_t off = 0) { REQUIRE_EQ(mc_gpu_memcpy(at(off), h.data(), h.size()), 0); }
+    std::vector<char> download(size_t off, size_t n) const {
+        std::vector<char> h(n);
+        if (mc_gpu_memcpy(h.data(), at(off), n) != 0) mctest::record_failure(__FILE__, __LINE__, mc_last_error_message());
+        return h;
+    }
+};
+
+std::vector<char> random_bytes(size_t n, uint32_t seed) {
+    std::vector<char> v(n);
+    std::mt19937_64 g(seed);
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t x = g();
+        std::memcpy(&v[i], &x, 8);
+    }
+    for (size_t i = n & ~size_t(7); i < n; ++i) v[i] = static_cast<char>(g());
+    return v;
+}
+
+int one_transfer(transfer_engine_t e, int op, void *local, segment_id_t seg, uint64_t remote, size_t len) {
+    auto st = run_batch(e, {transfer_request{op, local, seg, remote, len}}, 60000);
+    return st.empty() ? -1 : st[0];
+}
+
+const size_t kSizes[] = {4096, 65536 + 13, (1u << 20) + 7, 16u << 20, 64u << 20};
+
+}  // namespace
+
+TEST(gpu_calls_fail_cleanly_without_a_gpu) {
+    std::string why;
+    mc_gpu_info_t info = gpu_info(&why);
+    if (info.usable) {
+        std::fprintf(stderr, "    SKIPPED: a GPU is usable here; the GPU lane covers it\n");
+        return;
+    }
+    CHECK(!why.empty());
+    if (info.build_cuda_major == 0) CHECK(why.find("without CUDA") != std::string::npos);
+    else CHECK(why.find("built for CUDA " + std::to_string(info.build_cuda_major)) != std::string::npos);
+    void *p = nullptr;
+    CHECK(mc_gpu_alloc(0, 4096, &p) != 0);
+    CHECK(std::string(mc_last_error_message()).find("GPU memory is not available") != std::string::npos);
+    mc_dmabuf_t d;
+    char host[64];
+    CHECK(mc_gpu_dmabuf_export(host, sizeof host, &d) != 0);
+    int32_t dev = 7;
+    CHECK_EQ(mc_gpu_pointer_device(host, &dev), 0);
+    CHECK_EQ(dev, -1);
+    // Host memory still works in an engine with CUDA compiled in.
+    transfer_engine_t e = make_engine();
+    REQUIRE(e);
+    std::vector<char> a(8192, 1), b(8192, 2);
+    REQUIRE_EQ(registerLocalMemory(e, a.data(), a.size(), "*", 1), 0);
+    REQUIRE_EQ(registerLocalMemory(e, b.data(), b.size(), "*", 1), 0);
+    CHECK_EQ(one_transfer(e, OPCODE_READ, b.data(), LOCAL_SEGMENT, reinterpret_cast<uint64_t>(a.data()), 8192),
+             STATUS_COMPLETED);
+    CHECK(a == b);
+    destroyTransferEngine(e);
+}
+
+TEST(gpu_pointer_classification_and_registration) {
+    if (!gpu_lane("gpu_pointer_classification_and_registration")) return;
+    DeviceBuf d(1 << 20);
+    int32_t dev = -5;
+    CHECK_EQ(mc_gpu_pointer_device(d.at(100), &dev), 0);
+    CHECK_EQ(dev, 0);
+    std::vector<char> h(64);
+    CHECK_EQ(mc_gpu_pointer_device(h.data(), &dev), 0);
+    CHECK_EQ(dev, -1);
+    transfer_engine_t e = make_engine();
+    REQUIRE(e);
+    REQUIRE_EQ(registerLocalMemory(e, d.ptr, d.len, "*", 1), 0);
+    // Past the end of the allocation: refused with the reason.
+    CHECK_EQ(registerLocalMemory(e, d.at(4096), d.len, "*", 1), ERR_INVALID_ARGUMENT);
+    CHECK(std::string(mc_last_error_message()).find("past the end of its allocation") != std::string::npos);
+    transfer_engine_t peer = make_engine();
+    segment_id_t seg = openSegment(peer, segment_name(e).c_str());
+    REQUIRE(seg > 0);
+    mc_buffer_info_t info[2];
+    size_t n = 0;
+    mc_segment_buffers(peer, seg, info, 2, &n);
+    CHECK_EQ(n, 1u);
+    destroyTransferEngine(peer);
+    destroyTransferEngine(e);
+}
+
+TEST(gpu_local_host_and_device_copies) {
+    if (!gpu_lane("gpu_local_host_and_device_copies")) return;
+    const size_t max = 64u << 20;
+    transfer_engine_t e = make_engine();
+    REQUIRE(e);
+    DeviceBuf d0(max), d1(max);
+    std::vector<char> host(max);
+    REQUIRE_EQ(registerLocalMemory(e, d0.ptr, max, "*", 1), 0);
+    REQUIRE_EQ(registerLocalMemory(e, d1.ptr, max, "*", 1), 0);
+    REQUIRE_EQ(registerLocalMemory(e, host.data(), max, "*", 1), 0);
+    for (size_t sz : kSizes) {
+        auto data = random_bytes(sz, static_cast<uint32_t>(sz));
+        d0.upload(data);
+        // GPU -> GPU.
+        REQUIRE_EQ(mc_gpu_memset(0, d1.ptr, 0x5A, max), 0);
+        CHECK_EQ(one_transfer(e, OPCODE_READ, d1.ptr, LOCAL_SEGMENT, reinterpret_cast<uint64_t>(d0.ptr), sz), STATUS_COMPLETED);
+        CHECK(d1.download(0, sz) == data);
+        if (sz < max) CHECK_EQ(d1.download(sz, 1)[0], static_cast<char>(0x5A));
+        // GPU -> host and host -> GPU.
+        std::memset(host.data(), 0x33, std::min(sz + 1, max));
+        CHECK_EQ(one_transfer(e, OPCODE_READ, host.data(), LOCAL_SEGMENT, reinterpret_cast<uint64_t>(d0.ptr), sz), STATUS_COMPLETED);
+        CHECK(std::memcmp(host.data(), data.data(), sz) == 0);
+        if (sz < max) CHECK_EQ(host[sz], static_cast<char>(0x33));
+        auto back = random_bytes(sz, static_cast<uint32_t>(sz) + 1);
+        std::memcpy(host.data(), back.data(), sz);
+        REQUIRE_EQ(mc_gpu_memset(0, d1.ptr, 0, max), 0);
+        CHECK_EQ(one_transfer(e, OPCODE_WRITE, host.data(), LOCAL_SEGMENT, reinterpret_cast<uint64_t>(d1.ptr), sz), STATUS_COMPLETED);
+        CHECK(d1.download(0, sz) == back);
+    }
+    mc_engine_counters_t c{};
+    mc_engine_get_counters(e, &c);
+    CHECK_EQ(c.local_copies, 3 * (sizeof kSizes / sizeof kSizes[0]));
+    destroyTransferEngine(e);
+}
+
+TEST(gpu_buffers_over_tcp_both_ways) {
+    if (!gpu_lane("gpu_buffers_over_tcp_both_ways")) return;
+    // Two engines in one process: same pid, so never the IPC path.
+    transfer_engine_t target = make_engine();
+    transfer_engine_t init = make_engine();
+    REQUIRE(target && init);
+    const size_t max = 64u << 20;
+    DeviceBuf tg(max), ig(max);
+    std::vector<char> ih(max), th(max);
+    REQUIRE_EQ(registerLocalMemory(target, tg.ptr, max, "*", 1), 0);
+    REQUIRE_EQ(registerLocalMemory(target, th.data(), max, "*", 1), 0);
+    REQUIRE_EQ(registerLocalMemory(init, ig.ptr, max, "*", 1), 0);
+    REQUIRE_EQ(registerLocalMemory(init, ih.data(), max, "*", 1), 0);
+    segment_id_t seg = openSegment(init, segment_name(target).c_str());
+    REQUIRE(seg > 0);
+    uint64_t tga = reinterpret_cast<uint64_t>(tg.ptr), tha = reinterpret_cast<uint64_t>(th.data());
+    for (size_t sz : kSizes) {
+        auto data = random_bytes(sz, 100 + static_cast<uint32_t>(sz));
+        tg.upload(data);
+        // READ: remote GPU -> local GPU, remote GPU -> local host.
+        REQUIRE_EQ(mc_gpu_memset(0, ig.ptr, 0x77, max), 0);
+        CHECK_EQ(one_transfer(init, OPCODE_READ, ig.ptr, seg, tga, sz), STATUS_COMPLETED);
+        CHECK(ig.download(0, sz) == data);
+        if (sz < max) CHECK_EQ(ig.download(sz, 1)[0], static_cast<char>(0x77));
+        std::memset(ih.data(), 0, sz);
+        CHECK_EQ(one_transfer(init, OPCODE_READ, ih.data(), seg, tga, sz), STATUS_COMPLETED);
+        CHECK(std::memcmp(ih.data(), data.data(), sz) == 0);
+        // WRITE: local GPU -> remote GPU, local GPU -> remote host.
+        auto w = random_bytes(sz, 200 + static_cast<uint32_t>(sz));
+        ig.upload(w);
+        REQUIRE_EQ(mc_gpu_memset(0, tg.ptr, 0, max), 0);
+        CHECK_EQ(one_transfer(init, OPCODE_WRITE, ig.ptr, seg, tga, sz), STATUS_COMPLETED);
+        CHECK(tg.download(0, sz) == w);
+        std::memset(th.data(), 0, sz);
+        CHECK_EQ(one_transfer(init, OPCODE_WRITE, ig.ptr, seg, tha, sz), STATUS_COMPLETED);
+        CHECK(std::memcmp(th.data(), w.data(), sz) == 0);
+    }
+    // Out of range on the GPU buffer: rejected like host memory.
+    CHECK_EQ(one_transfer(init, OPCODE_READ, ig.ptr, seg, tga + max - 8, 16), STATUS_FAILED);
+    mc_engine_counters_t c{};
+    mc_engine_get_counters(init, &c);
+    CHECK_EQ(c.ipc_copies, 0u);
+    CHECK(c.tcp_requests_sent >= 4 * (sizeof kSizes / sizeof kSizes[0]));
+    destroyTransferEngine(init);
+    destroyTransferEngine(target);
+}
+
+// The peer process for the two-process test: a GPU buffer filled with
+// random_bytes(size, seed), then commands on stdin.
+int gpu_peer_main(int argc, char **argv) {
+    if (argc < 4) return 2;
+    size_t size = std::strtoull(argv[2], nullptr, 10);
+    uint32_t seed = static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10));
+    transfer_engine_t e = make_engine();
+    if (!e) return 1;
+    void *d = nullptr;
+    if (mc_gpu_alloc(0, size, &d) != 0) {
+        std::printf("FAILED %s\n", mc_last_error_message());
+        return 1;
+    }
+    auto data = random_bytes(size, seed);
+    mc_gpu_memcpy(d, data.data(), size);
+    if (registerLocalMemory(e, d, size, "*", 1) != 0) return 1;
+    std::printf("READY %s %llu\n", segment_name(e).c_str(), static_cast<unsigned long long>(reinterpret_cast<uint64_t>(d)));
+    std::fflush(stdout);
+    char line[256];
+    while (std::fgets(line, sizeof line, stdin)) {
+        unsigned long long off = 0, len = 0, s = 0;
+        if (std::sscanf(line, "check %llu %llu %llu", &off, &len, &s) == 3) {
+            std::vector<char> got(len);
+            mc_gpu_memcpy(got.data(), static_cast<char *>(d) + off, len);
+            std::printf(got == random_bytes(len, static_cast<uint32_t>(s)) ? "OK\n" : "BAD\n");
+            std::fflush(stdout);
+        } else {
+            break;
+        }
+    }
+    destroyTransferEngine(e);
+    mc_gpu_free(0, d);
+    return 0;
+}
+
+TEST(gpu_two_processes_same_gpu_use_cuda_ipc) {
+    if (!gpu_lane("gpu_two_processes_same_gpu_use_cuda_ipc")) return;
+    const size_t max = 64u << 20;
+    int to_child[2], from_child[2];
+    REQUIRE(pipe(to_child) == 0 && pipe(from_child) == 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
+    posix_spawn_file_actions_addclose(&fa, to_child[1]);
+    posix_spawn_file_actions_addclose(&fa, from_child[0]);
+    std::string size_s = std::to_string(max);
+    char *args[] = {const_cast<char *>("engine_tests"), const_cast<char *>("--gpu-peer"), &size_s[0],
+                    const_cast<char *>("4242"), nullptr};
+    pid_t pid = 0;
+    REQUIRE(posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, environ) == 0);
+    close(to_child[0]);
+    close(from_child[1]);
+    FILE *in = fdopen(from_child[0], "r");
+    FILE *out = fdopen(to_child[1], "w");
+    char line[512] = {0};
+    REQUIRE(std::fgets(line, sizeof line, in) != nullptr);
+    char seg_name[256];
+    unsigned long long remote = 0;
+    REQUIRE(std::sscanf(line, "READY %255s %llu", seg_name, &remote) == 2);
+
+    transfer_engine_t e = make_engine();
+    REQUIRE(e);
+    DeviceBuf mine(max);
+    REQUIRE_EQ(registerLocalMemory(e, mine.ptr, max, "*", 1), 0);
+    segment_id_t seg = openSegment(e, seg_name);
+    REQUIRE(seg > 0);
+    auto expect = random_bytes(max, 4242);
+    for (size_t sz : kSizes) {
+        REQUIRE_EQ(mc_gpu_memset(0, mine.ptr, 0x11, max), 0);
+        CHECK_EQ(one_transfer(e, OPCODE_READ, mine.ptr, seg, remote, sz), STATUS_COMPLETED);
+        auto got = mine.download(0, sz);
+        CHECK(std::memcmp(got.data(), expect.data(), sz) == 0);
+        if (sz < max) CHECK_EQ(mine.download(sz, 1)[0], static_cast<char>(0x11));
+    }
+    // WRITE into the peer's GPU memory, checked by the peer itself.
+    auto w = random_bytes(16u << 20, 777);
+    mine.upload(w);
+    CHECK_EQ(one_transfer(e, OPCODE_WRITE, mine.ptr, seg, remote + 4096, w.size()), STATUS_COMPLETED);
+    std::fprintf(out, "check 4096 %zu 777\n", w.size());
+    std::fflush(out);
+    REQUIRE(std::fgets(line, sizeof line, in) != nullptr);
+    CHECK_EQ(std::string(line), std::string("OK\n"));
+    mc_engine_counters_t c{};
+    mc_engine_get_counters(e, &c);
+    CHECK_EQ(c.ipc_copies, (sizeof kSizes / sizeof kSizes[0]) + 1);
+    CHECK_EQ(c.tcp_requests_sent, 0u);
+    // Out of the advertised buffer: refused before any copy.
+    CHECK_EQ(one_transfer(e, OPCODE_READ, mine.ptr, seg, remote + max - 8, 16), STATUS_FAILED);
+    std::fprintf(out, "quit\n");
+    std::fflush(out);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    fclose(in);
+    fclose(out);
+    destroyTransferEngine(e);
+}
+
+TEST(gpu_dmabuf_export) {
+    if (!gpu_lane("gpu_dmabuf_export")) return;
+    int32_t supported = 0;
+    REQUIRE_EQ(mc_gpu_dmabuf_supported(0, &supported), 0);
+    REQUIRE(supported == 1);
+    DeviceBuf d(8u << 20);
+    mc_dmabuf_t x{};
+    REQUIRE_EQ(mc_gpu_dmabuf_export(d.at(12345), 4096, &x), 0);
+    CHECK(x.fd >= 0);
+    CHECK_EQ(x.device, 0);
+    CHECK_EQ(x.base + x.offset, reinterpret_cast<uint64_t>(d.at(12345)));
+    CHECK(x.size >= d.len);
+    char link[256] = {0};
+    std::string path = "/proc/self/fd/" + std::to_string(x.fd);
+    ssize_t n = readlink(path.c_str(), link, sizeof link - 1);
+    CHECK(n > 0 && std::string(link).find("dmabuf") != std::string::npos);
+    close(x.fd);
+    // Host memory and ranges past the allocation are refused with a reason.
+    std::vector<char> h(64);
+    CHECK(mc_gpu_dmabuf_export(h.data(), h.size(), &x) != 0);
+    CHECK(std::string(mc_last_error_message()).find("not device memory") != std::string::npos);
+    CHECK(mc_gpu_dmabuf_export(d.at(0), (16u << 20) + x.size, &x) != 0);
+}
