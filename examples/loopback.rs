@@ -37,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut checked = 0usize;
     for &len in &[1usize, 4096, 65_536, MIB + 3, 16 * MIB, 64 * MIB] {
         // READ: poison the destination, transfer, compare with the pattern.
-        local.fill(0xEE);
+        local.fill(0xEE)?;
         let mut batch = initiator.batch(1)?;
         batch.read(&local, 0, &segment, remote.addr, len)?;
         batch.submit()?;
@@ -71,7 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // One batch of 1024 scattered 16 KiB READs (block order reversed).
     let (n, block) = (1024usize, 16 * 1024usize);
-    local.fill(0);
+    local.fill(0)?;
     let mut batch = initiator.batch(n)?;
     for i in 0..n {
         batch.read(

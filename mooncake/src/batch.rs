@@ -85,6 +85,8 @@ pub struct Batch<'r> {
     queued: RequestBuf,
     submitted: usize,
     statuses: Vec<sys::transfer_status>,
+    // Local memory whose queued GPU work must finish before the submit.
+    prepare: Vec<&'r dyn LocalMemory>,
     _borrows: PhantomData<&'r ()>,
 }
 
@@ -110,6 +112,7 @@ impl<'r> Batch<'r> {
             queued: RequestBuf(Vec::with_capacity(capacity)),
             submitted: 0,
             statuses: vec![sys::transfer_status::default(); capacity],
+            prepare: Vec::new(),
             _borrows: PhantomData,
         })
     }
@@ -131,7 +134,7 @@ impl<'r> Batch<'r> {
 
     /// Queues a READ of `len` bytes at `remote_addr` of `segment` into
     /// `local[local_offset..]`.
-    pub fn read<L: LocalMemory + ?Sized>(
+    pub fn read<L: LocalMemory>(
         &mut self,
         local: &'r L,
         local_offset: usize,
@@ -144,7 +147,7 @@ impl<'r> Batch<'r> {
 
     /// Queues a WRITE of `local[local_offset..local_offset + len]` to
     /// `remote_addr` of `segment`.
-    pub fn write<L: LocalMemory + ?Sized>(
+    pub fn write<L: LocalMemory>(
         &mut self,
         local: &'r L,
         local_offset: usize,
@@ -162,7 +165,7 @@ impl<'r> Batch<'r> {
         )
     }
 
-    fn push<L: LocalMemory + ?Sized>(
+    fn push<L: LocalMemory>(
         &mut self,
         op: Opcode,
         local: &'r L,
@@ -208,6 +211,14 @@ impl<'r> Batch<'r> {
                 message: format!("the batch is full ({} requests)", self.capacity),
             });
         }
+        if crate::memory::needs_prepare(local)
+            && !self
+                .prepare
+                .iter()
+                .any(|p| std::ptr::addr_eq(*p as *const dyn LocalMemory, local as *const L))
+        {
+            self.prepare.push(local);
+        }
         self.queued.0.push(sys::transfer_request {
             opcode: match op {
                 Opcode::Read => sys::OPCODE_READ as i32,
@@ -245,6 +256,10 @@ impl<'r> Batch<'r> {
                 Ok(())
             };
         }
+        for m in &self.prepare {
+            crate::memory::prepare(*m)?;
+        }
+        self.prepare.clear();
         let n = self.queued.0.len();
         // On failure nothing was submitted: the engine validates every
         // request before it accepts any.

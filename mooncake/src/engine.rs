@@ -130,6 +130,39 @@ impl Engine {
         Ok(f(&reg))
     }
 
+    /// This engine's own segment, for transfers between its own buffers
+    /// (host and GPU memory in any combination, copied in place, without the
+    /// network). Targets must be remote-accessible, as for peers.
+    pub fn local_segment(&self) -> RemoteSegment {
+        RemoteSegment::local(self.shared.clone(), &self.shared.segment_name)
+    }
+
+    /// What this engine has moved so far, by path: useful to check that
+    /// same-host GPU transfers took CUDA IPC rather than TCP.
+    pub fn counters(&self) -> Result<EngineCounters> {
+        let c = self.shared.raw.counters()?;
+        Ok(EngineCounters {
+            tcp_requests_sent: c.tcp_requests_sent,
+            tcp_requests_served: c.tcp_requests_served,
+            tcp_requests_rejected: c.tcp_requests_rejected,
+            ipc_copies: c.ipc_copies,
+            local_copies: c.local_copies,
+        })
+    }
+
+    /// Registers any registrable memory (a GPU buffer, a cudarc slice, ...)
+    /// borrowed for the duration of `f`, with the same guarantees as
+    /// [`with_registered`](Self::with_registered).
+    pub fn with_registered_memory<M: RegisterableMemory, R>(
+        &self,
+        memory: &mut M,
+        access: Access,
+        f: impl FnOnce(&RegisteredSlice<'_>) -> R,
+    ) -> Result<R> {
+        let reg = RegisteredSlice::new_memory(self.shared.clone(), memory, access)?;
+        Ok(f(&reg))
+    }
+
     /// Opens a remote segment by name (P2P: `"<host>:<handshake port>"`),
     /// fetching its descriptor unless it is cached.
     pub fn open_segment(&self, name: &str) -> Result<RemoteSegment> {
@@ -159,4 +192,19 @@ impl Engine {
     pub(crate) fn cstring(what: &str, s: &str) -> Result<OwnedCString> {
         OwnedCString::new(what, s)
     }
+}
+
+/// Transfer counts of one engine since it was created ([`Engine::counters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    /// TCP requests this engine sent as initiator.
+    pub tcp_requests_sent: u64,
+    /// TCP requests it served as target.
+    pub tcp_requests_served: u64,
+    /// TCP requests it refused as target (outside every registered buffer).
+    pub tcp_requests_rejected: u64,
+    /// Requests it moved by CUDA IPC (same-host GPU path) as initiator.
+    pub ipc_copies: u64,
+    /// Requests to its own segment, copied in place.
+    pub local_copies: u64,
 }

@@ -79,6 +79,12 @@
 //! # }
 //! ```
 //!
+//! # GPU memory
+//!
+//! With the `cuda12` or `cuda13` feature, device memory ([`gpu::DeviceBuffer`]
+//! or a cudarc `CudaSlice<u8>`) registers and transfers like host memory;
+//! see [`gpu`].
+//!
 //! # Logging
 //!
 //! Engine logs go to `tracing` under the target `mooncake::engine`; this
@@ -95,13 +101,14 @@ mod config;
 mod engine;
 mod error;
 mod ffi;
+pub mod gpu;
 mod memory;
 mod notify;
 mod segment;
 
 pub use batch::{Batch, Opcode, TaskStatus};
 pub use config::{EngineBuilder, GpuRegistration, Metadata, Protocol, TcpVersion};
-pub use engine::Engine;
+pub use engine::{Engine, EngineCounters};
 pub use error::{Error, ErrorCode, Result};
 pub use memory::{
     Access, HostBuffer, LocalMemory, RegisterableMemory, RegisteredSlice, Registration,

@@ -46,8 +46,10 @@ pub enum Access {
 /// # Safety
 /// `as_mut_ptr` must return a pointer valid for reads and writes of `len()`
 /// bytes that does not change while the value lives, even when the value is
-/// moved, and the value must own that memory exclusively.
-pub unsafe trait RegisterableMemory: Send + 'static {
+/// moved, and the value must own that memory exclusively. `Sync` is required
+/// because a batch in flight holds a shared reference to the memory (for its
+/// stream sync) and batches may be polled from any thread.
+pub unsafe trait RegisterableMemory: Send + Sync + 'static {
     /// Start of the memory.
     fn as_mut_ptr(&mut self) -> *mut u8;
     /// Length in bytes.
@@ -55,6 +57,15 @@ pub unsafe trait RegisterableMemory: Send + 'static {
     /// Whether the memory is empty (it cannot be registered then).
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// Makes work queued on this memory (a GPU stream) complete before a
+    /// transfer reads or fills it; called at each submit that uses it.
+    fn prepare_transfer(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Whether [`prepare_transfer`](Self::prepare_transfer) has work to do.
+    fn needs_prepare(&self) -> bool {
+        false
     }
 }
 
@@ -111,6 +122,12 @@ impl DerefMut for HostBuffer {
 mod sealed {
     pub trait Sealed {
         fn region(&self) -> &crate::ffi::RegisteredRegion;
+        fn needs_prepare(&self) -> bool {
+            false
+        }
+        fn prepare(&self) -> crate::Result<()> {
+            Ok(())
+        }
     }
 }
 
@@ -118,9 +135,18 @@ pub(crate) fn region_of<L: LocalMemory + ?Sized>(l: &L) -> &RegisteredRegion {
     sealed::Sealed::region(l)
 }
 
+pub(crate) fn needs_prepare<L: LocalMemory + ?Sized>(l: &L) -> bool {
+    sealed::Sealed::needs_prepare(l)
+}
+
+pub(crate) fn prepare<L: LocalMemory + ?Sized>(l: &L) -> Result<()> {
+    sealed::Sealed::prepare(l)
+}
+
 /// Registered local memory that a batch request can use: [`Registration`]
-/// or [`RegisteredSlice`]. Sealed.
-pub trait LocalMemory: sealed::Sealed {
+/// or [`RegisteredSlice`]. Sealed. `Sync` because a [`Batch`](crate::Batch)
+/// keeps references to the memory it uses and is itself `Send`.
+pub trait LocalMemory: sealed::Sealed + Sync {
     /// Length in bytes.
     fn len(&self) -> usize {
         self.region().len()
@@ -136,6 +162,10 @@ pub trait LocalMemory: sealed::Sealed {
     /// Whether peers may access it.
     fn access(&self) -> Access {
         self.region().access()
+    }
+    /// The GPU it lives on, or None for host memory.
+    fn device(&self) -> Option<u32> {
+        self.region().device()
     }
 }
 
@@ -198,7 +228,7 @@ impl<M: RegisterableMemory> Registration<M> {
     }
 
     /// Sets every byte of the buffer (e.g. to poison it before a test).
-    pub fn fill(&mut self, byte: u8) {
+    pub fn fill(&mut self, byte: u8) -> Result<()> {
         self.inner.region_mut().fill(byte)
     }
 
@@ -220,6 +250,12 @@ impl<M: RegisterableMemory> sealed::Sealed for Registration<M> {
     fn region(&self) -> &RegisteredRegion {
         self.inner.region()
     }
+    fn needs_prepare(&self) -> bool {
+        self.inner.memory().needs_prepare()
+    }
+    fn prepare(&self) -> Result<()> {
+        self.inner.memory().prepare_transfer()
+    }
 }
 impl<M: RegisterableMemory> LocalMemory for Registration<M> {}
 
@@ -227,6 +263,8 @@ impl<M: RegisterableMemory> LocalMemory for Registration<M> {}
 /// [`Engine::with_registered`](crate::Engine::with_registered).
 pub struct RegisteredSlice<'a> {
     inner: BorrowedRegion<'a>,
+    // The borrowed memory's own hook (GPU stream sync), when it has one.
+    prepare: Option<&'a dyn RegisterableMemory>,
 }
 
 impl<'a> RegisteredSlice<'a> {
@@ -237,7 +275,20 @@ impl<'a> RegisteredSlice<'a> {
     ) -> Result<Self> {
         Ok(Self {
             inner: BorrowedRegion::new(engine, buffer, access)?,
+            prepare: None,
         })
+    }
+
+    pub(crate) fn new_memory<M: RegisterableMemory>(
+        engine: Arc<EngineShared>,
+        memory: &'a mut M,
+        access: Access,
+    ) -> Result<Self> {
+        let (inner, memory) = BorrowedRegion::new_memory(engine, memory, access)?;
+        let prepare = memory
+            .needs_prepare()
+            .then_some(memory as &dyn RegisterableMemory);
+        Ok(Self { inner, prepare })
     }
 
     /// Copies `out.len()` bytes starting at `offset` out of the buffer.
@@ -260,6 +311,12 @@ impl std::fmt::Debug for RegisteredSlice<'_> {
 impl sealed::Sealed for RegisteredSlice<'_> {
     fn region(&self) -> &RegisteredRegion {
         self.inner.region()
+    }
+    fn needs_prepare(&self) -> bool {
+        self.prepare.is_some()
+    }
+    fn prepare(&self) -> Result<()> {
+        self.prepare.map_or(Ok(()), |m| m.prepare_transfer())
     }
 }
 impl LocalMemory for RegisteredSlice<'_> {}

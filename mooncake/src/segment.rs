@@ -52,6 +52,14 @@ impl RemoteSegment {
         })
     }
 
+    pub(crate) fn local(engine: Arc<EngineShared>, name: &str) -> Self {
+        Self {
+            engine,
+            id: mooncake_sys::LOCAL_SEGMENT as i32,
+            name: name.to_string(),
+        }
+    }
+
     /// The name it was opened with.
     pub fn name(&self) -> &str {
         &self.name

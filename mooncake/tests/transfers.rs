@@ -24,7 +24,7 @@ fn read_and_write_1_byte_to_64_mib() {
 
     for &len in &[1usize, 3, 4096, 65_535, 65_536, 65_537, MIB + 7, 64 * MIB] {
         // READ: poison, transfer, compare.
-        local.fill(0xA5);
+        local.fill(0xA5).unwrap();
         let remote_off = 11usize;
         {
             let mut b = init.batch(1).unwrap();
@@ -92,7 +92,7 @@ fn batches_of_1_to_1024_requests() {
     let seg = init.open_segment(target.segment_name()).unwrap();
     let base = published.addr();
     for &n in &[1usize, 2, 31, 256, 1024] {
-        local.fill(0);
+        local.fill(0).unwrap();
         {
             let mut b = init.batch(n).unwrap();
             // Reverse the block order: request i reads remote block n-1-i.

@@ -256,6 +256,13 @@ impl RawEngine {
         check(unsafe { sys::mc_segment_probe(self.handle(), id) })
     }
 
+    pub(crate) fn counters(&self) -> Result<sys::mc_engine_counters_t> {
+        let mut out = sys::mc_engine_counters_t::default();
+        // SAFETY: `out` is a writable struct of the declared layout.
+        check(unsafe { sys::mc_engine_get_counters(self.handle(), &mut out) })?;
+        Ok(out)
+    }
+
     pub(crate) fn sync_segment_cache(&self) -> Result<()> {
         // SAFETY: plain call.
         check(unsafe { sys::syncSegmentCache(self.handle()) })

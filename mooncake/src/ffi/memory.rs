@@ -97,6 +97,7 @@ pub struct RegisteredRegion {
     ptr: *mut u8,
     len: usize,
     access: Access,
+    device: Option<u32>,
     registered: bool,
 }
 
@@ -134,13 +135,21 @@ impl RegisteredRegion {
                 .raw
                 .register(ptr, len, &loc, access == Access::RemoteAccessible)?
         };
+        // The engine classified the pointer the same way; device memory is
+        // then only ever touched through GPU copies.
+        let device = super::gpu::pointer_device(ptr);
         Ok(Self {
             engine,
             ptr,
             len,
             access,
+            device,
             registered: true,
         })
+    }
+
+    pub(crate) fn device(&self) -> Option<u32> {
+        self.device
     }
 
     pub(crate) fn engine(&self) -> &Arc<EngineShared> {
@@ -179,6 +188,11 @@ impl RegisteredRegion {
     /// unspecified, never undefined: no reference to the region is created.
     pub(crate) fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check_range(offset, out.len())?;
+        if self.device.is_some() {
+            // SAFETY: device memory valid for the range until drop; `out` is
+            // a distinct host buffer.
+            return unsafe { super::gpu::copy(out.as_mut_ptr(), self.ptr.add(offset), out.len()) };
+        }
         // SAFETY: the range lies inside memory that stays valid until this
         // region is dropped; it is only ever accessed through atomics or
         // while exclusively borrowed (`&mut self` methods).
@@ -191,6 +205,10 @@ impl RegisteredRegion {
     /// undefined behaviour, while transfers use other parts of the region.
     pub(crate) fn write_shared(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
+        if self.device.is_some() {
+            // SAFETY: as in `read_at`, copying the other way.
+            return unsafe { super::gpu::copy(self.ptr.add(offset), data.as_ptr(), data.len()) };
+        }
         // SAFETY: as in `read_at`.
         unsafe { atomic_copy_in(self.ptr.add(offset), data) };
         Ok(())
@@ -201,21 +219,34 @@ impl RegisteredRegion {
     /// forbid `&mut`), so a plain copy is fine.
     pub(crate) fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len())?;
+        if self.device.is_some() {
+            return self.write_shared(offset, data);
+        }
         // SAFETY: the range is inside the registered memory; `&mut self`
         // excludes every other Rust access; `data` is a distinct buffer.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) };
         Ok(())
     }
 
-    pub(crate) fn fill(&mut self, byte: u8) {
+    pub(crate) fn fill(&mut self, byte: u8) -> Result<()> {
+        if let Some(dev) = self.device {
+            // SAFETY: the whole region is valid device memory of `dev`.
+            return unsafe { super::gpu::memset(dev, self.ptr, byte, self.len) };
+        }
         // `&mut self`: no other Rust access; a plain memset is fine.
         // SAFETY: the whole region is valid for writes (see `register`).
         unsafe { std::ptr::write_bytes(self.ptr, byte, self.len) };
+        Ok(())
     }
 
     /// Exclusive access to a local-only region's bytes, after every transfer
     /// that touches it has finished.
     pub(crate) fn local_slice_mut(&mut self, timeout: Option<Duration>) -> Result<&mut [u8]> {
+        if self.device.is_some() {
+            return Err(Error::InvalidArgument(
+                "GPU memory cannot be borrowed as a host slice; use read_at/write_at".into(),
+            ));
+        }
         if self.access == Access::RemoteAccessible {
             return Err(Error::InvalidArgument(
                 "remote-accessible memory may be written by peers at any time; use read_at/write_at \
@@ -356,6 +387,10 @@ impl<M: RegisterableMemory> OwnedRegion<M> {
         &mut self.region
     }
 
+    pub(crate) fn memory(&self) -> &M {
+        &self.memory
+    }
+
     /// Unregisters and returns the memory.
     pub(crate) fn into_inner(mut self) -> Result<M> {
         self.region.unregister()?;
@@ -414,6 +449,29 @@ impl<'a> BorrowedRegion<'a> {
         })
     }
 
+    /// Registers borrowed registrable memory (a GPU buffer, ...); hands the
+    /// borrow back as a shared reference for its prepare hook.
+    pub(crate) fn new_memory<M: RegisterableMemory>(
+        engine: Arc<EngineShared>,
+        memory: &'a mut M,
+        access: Access,
+    ) -> Result<(Self, &'a M)> {
+        let ptr = memory.as_mut_ptr();
+        let len = memory.len();
+        // SAFETY: as in `new`: `memory` is exclusively borrowed for 'a, its
+        // address is stable (RegisterableMemory), and the region is
+        // unregistered before 'a ends. The shared reborrow below is only
+        // used for `prepare_transfer`, never to reach the bytes.
+        let region = unsafe { RegisteredRegion::register(engine, ptr, len, "*", access)? };
+        Ok((
+            Self {
+                region,
+                _borrow: PhantomData,
+            },
+            &*memory,
+        ))
+    }
+
     pub(crate) fn region(&self) -> &RegisteredRegion {
         &self.region
     }
@@ -448,5 +506,68 @@ unsafe impl RegisterableMemory for Box<[u8]> {
     }
     fn len(&self) -> usize {
         <[u8]>::len(self)
+    }
+}
+
+/// Copies host bytes into a device allocation.
+pub(crate) fn device_copy_in(a: &super::DeviceAlloc, offset: usize, data: &[u8]) -> Result<()> {
+    if offset.checked_add(data.len()).is_none_or(|e| e > a.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "{} bytes at offset {offset} exceed the device buffer of {}",
+            data.len(),
+            a.len()
+        )));
+    }
+    // SAFETY: the range is inside the allocation (checked); `data` is host
+    // memory valid for its length.
+    unsafe { super::gpu::copy(a.ptr().add(offset), data.as_ptr(), data.len()) }
+}
+
+/// Copies device bytes out to host memory.
+pub(crate) fn device_copy_out(a: &super::DeviceAlloc, offset: usize, out: &mut [u8]) -> Result<()> {
+    if offset.checked_add(out.len()).is_none_or(|e| e > a.len()) {
+        return Err(Error::InvalidArgument(format!(
+            "{} bytes at offset {offset} exceed the device buffer of {}",
+            out.len(),
+            a.len()
+        )));
+    }
+    // SAFETY: as above, copying the other way.
+    unsafe { super::gpu::copy(out.as_mut_ptr(), a.ptr().add(offset), out.len()) }
+}
+
+// SAFETY: a cudaMalloc allocation never moves, is valid for `len()` bytes and
+// is owned by the DeviceBuffer alone.
+unsafe impl RegisterableMemory for crate::gpu::DeviceBuffer {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.alloc.ptr()
+    }
+    fn len(&self) -> usize {
+        self.alloc.len()
+    }
+}
+
+#[cfg(any(feature = "cuda12", feature = "cuda13"))]
+// SAFETY: a CudaSlice's device allocation never moves while the slice lives,
+// is valid for `num_bytes()` bytes and is owned by the slice.
+unsafe impl RegisterableMemory for cudarc::driver::CudaSlice<u8> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        use cudarc::driver::DevicePtrMut;
+        let stream = self.stream().clone();
+        let (ptr, _record) = self.device_ptr_mut(&stream);
+        ptr as usize as *mut u8
+    }
+    fn len(&self) -> usize {
+        self.num_bytes()
+    }
+    fn prepare_transfer(&self) -> Result<()> {
+        // NIC and copy-engine DMA ignore CUDA stream order: finish the work
+        // queued on the slice's stream before a transfer reads or fills it.
+        self.stream().synchronize().map_err(|e| {
+            Error::InvalidArgument(format!("synchronizing the buffer's CUDA stream: {e:?}"))
+        })
+    }
+    fn needs_prepare(&self) -> bool {
+        true
     }
 }

@@ -11,10 +11,13 @@
 //!   to registered memory sound even when a batch is leaked.
 
 mod engine;
+mod gpu;
 mod log;
 mod memory;
 
 pub(crate) use engine::{engine_version, error_name, OwnedCString, RawEngine, RequestBuf};
+pub(crate) use gpu::{dmabuf_export as gpu_dmabuf_export, query as gpu_query, DeviceAlloc};
 pub(crate) use log::install_log_sink;
 pub use memory::RegisteredRegion;
+pub(crate) use memory::{device_copy_in, device_copy_out};
 pub(crate) use memory::{page_size, BorrowedRegion, OwnedRegion, PageAlignedAlloc};
