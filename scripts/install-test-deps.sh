@@ -4,7 +4,9 @@
 #    for TCP), libclang-dev (the bindings freshness check runs bindgen);
 #  - a Python venv at .venv-upstream with upstream Mooncake 0.3.13
 #    (mooncake-transfer-engine-non-cuda==0.3.13.post1), pyzmq and msgspec
-#    for interop tests.
+#    for interop tests;
+#  - the CUDA 12 and 13 runtimes from PyPI in .cuda/ (headers and
+#    libcudart_static.a), for the cuda12/cuda13 builds (no toolkit needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,3 +43,5 @@ else
     exit 1
   }
 fi
+
+scripts/install-cuda-runtimes.sh

@@ -39,6 +39,40 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 step "example: loopback"
 cargo run -q --example loopback
 
+# CUDA builds: against the PyPI runtimes in .cuda/ (no toolkit, no GPU here).
+# The whole CPU suite must pass with CUDA compiled in, GPU calls must fail
+# cleanly, and the runtime must be linked statically.
+cuda_env() { # major -> exports MOONCAKE_CUDA_HOME and CUDARC_CUDA_VERSION
+  case $1 in
+    12) export MOONCAKE_CUDA_HOME=$PWD/.cuda/cu12/nvidia/cuda_runtime CUDARC_CUDA_VERSION=12090 ;;
+    13) export MOONCAKE_CUDA_HOME=$PWD/.cuda/cu13/nvidia/cu13 CUDARC_CUDA_VERSION=13000 ;;
+  esac
+}
+for major in 12 13; do
+  step "CUDA $major: C++ engine tests with CUDA compiled in"
+  make -s -C vendor -j"$JOBS" test CUDA=$major
+  cuda_env $major
+  step "CUDA $major: clippy -D warnings --features cuda$major"
+  cargo clippy --workspace --all-targets --features cuda$major -- -D warnings
+  step "CUDA $major: cargo test --workspace --features cuda$major"
+  MOONCAKE_REQUIRE_UPSTREAM=1 cargo test --workspace --features cuda$major
+  step "CUDA $major: docs build without warnings"
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q --features cuda$major
+  step "CUDA $major: gpu_loopback links no libcudart; without a GPU it exits 2 and says why"
+  cargo build -q --features cuda$major --example gpu_loopback
+  if ldd target/debug/examples/gpu_loopback | grep libcudart; then
+    echo "gpu_loopback links libcudart dynamically" >&2; exit 1
+  fi
+  rc=0; target/debug/examples/gpu_loopback || rc=$?
+  [ "$rc" -eq 0 ] || [ "$rc" -eq 2 ] || { echo "gpu_loopback: want exit 0 (GPU) or 2 (none), got $rc" >&2; exit 1; }
+  unset MOONCAKE_CUDA_HOME CUDARC_CUDA_VERSION
+done
+
+step "cargo build --all-features (cuda12 + cuda13: either major)"
+cuda_env 12
+cargo build -q --workspace --all-features
+unset MOONCAKE_CUDA_HOME CUDARC_CUDA_VERSION
+
 step "end-to-end: prefill, decode and proxy processes (TP 1:1, 2:1, 1:2)"
 scripts/run_pd_example.sh
 PREFILL_TP=2 DECODE_TP=1 scripts/run_pd_example.sh

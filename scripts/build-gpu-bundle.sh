@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Builds everything the GPU lane runs, for a cuda12 and a cuda13 build, into
+# target/gpu-bundle/ so it can be carried to a GPU machine that has only a
+# driver (no Rust, no toolkit): the C++ engine tests and gpu_bench (static
+# libstdc++), the Rust GPU tests and the gpu_loopback example. The CUDA
+# runtime is linked statically in all of them.
+#   scripts/build-gpu-bundle.sh && target/gpu-bundle/run.sh   # on the GPU host
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-cuda-runtimes.sh
+out=target/gpu-bundle
+rm -rf "$out"
+for major in 12 13; do
+  case $major in
+    12) home=$PWD/.cuda/cu12/nvidia/cuda_runtime; cudarc=12090 ;;
+    13) home=$PWD/.cuda/cu13/nvidia/cu13; cudarc=13000 ;;
+  esac
+  d=$out/cu$major
+  mkdir -p "$d"
+  make -s -C vendor -j"$(nproc)" CUDA=$major CUDA_HOME="$home" BUILD=build/bundle-cu$major \
+    LDEXTRA="-static-libstdc++ -static-libgcc" all gpu_bench
+  cp vendor/build/bundle-cu$major/engine_tests vendor/build/bundle-cu$major/gpu_bench "$d/"
+  export MOONCAKE_CUDA_HOME=$home CUDARC_CUDA_VERSION=$cudarc
+  tests=$(cargo test --release -p mooncake --features cuda$major --test gpu --no-run \
+    --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])')
+  cp "$tests" "$d/rust_gpu_tests"
+  cargo build -q --release --features cuda$major --example gpu_loopback
+  cp target/release/examples/gpu_loopback "$d/"
+  strip "$d"/*
+  if ldd "$d"/* | grep -q libcudart; then echo "build-gpu-bundle: libcudart is linked dynamically" >&2; exit 1; fi
+done
+cp scripts/gpu-lane.sh "$out/run.sh"
+du -sh "$out"

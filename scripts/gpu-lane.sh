@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU lane, run on a machine with a GPU and a driver from the bundle that
+# scripts/build-gpu-bundle.sh makes (copied next to this script as run.sh).
+# For the cuda12 and the cuda13 build: the C++ GPU tests, the Rust GPU tests,
+# the gpu_loopback example and gpu_bench. Logs go to $OUT (or ./gpu-lane-logs).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$PWD/gpu-lane-logs}
+mkdir -p "$out"
+export MOONCAKE_GPU_TESTS=1
+status=0
+step() { # name log command...
+  local name=$1 log=$2; shift 2
+  local t0=$SECONDS
+  "$@" >"$log" 2>&1
+  local rc=$?
+  printf '%-34s rc=%d  %ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$out/summary.txt"
+  [ $rc -eq 0 ] || { status=1; tail -n 30 "$log"; }
+}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; uname -r;
+  ldd --version | head -1; } >"$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+for b in cu12 cu13; do
+  d=$here/$b
+  [ -d "$d" ] || continue
+  ldd "$d/engine_tests" "$d/rust_gpu_tests" >"$out/$b-ldd.txt" 2>&1
+  step "$b C++ gpu tests" "$out/$b-engine-gpu.txt" timeout 300 "$d/engine_tests" gpu_
+  step "$b Rust gpu tests" "$out/$b-rust-gpu.txt" timeout 300 "$d/rust_gpu_tests" --test-threads=1 --nocapture
+  step "$b gpu_loopback example" "$out/$b-gpu-loopback.txt" timeout 120 "$d/gpu_loopback"
+  step "$b gpu_bench 64 MiB" "$out/$b-gpu-bench.txt" timeout 240 "$d/gpu_bench" 64 20
+  cat "$out/$b-gpu-bench.txt"
+done
+exit $status
