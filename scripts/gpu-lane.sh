@@ -3,6 +3,9 @@
 # scripts/build-gpu-bundle.sh makes (copied next to this script as run.sh).
 # For the cuda12 and the cuda13 build: the C++ GPU tests, the Rust GPU tests,
 # the gpu_loopback example and gpu_bench. Logs go to $OUT (or ./gpu-lane-logs).
+# With two GPUs visible the two-GPU tests and bench rows run too; on the
+# two-GPU machine run it as `MOONCAKE_GPU2_TESTS=1 run.sh`, which makes a
+# missing second GPU a failure instead of a skip.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-lane-logs}
@@ -17,7 +20,7 @@ step() { # name log command...
   printf '%-34s rc=%d  %ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$out/summary.txt"
   [ $rc -eq 0 ] || { status=1; tail -n 30 "$log"; }
 }
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; uname -r;
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m; uname -r;
   ldd --version | head -1; } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 for b in cu12 cu13; do

@@ -640,6 +640,12 @@ unsafe extern "C" {
         deny: *mut ::core::ffi::c_char,
         deny_len: usize,
     ) -> ::core::ffi::c_int;
+    pub fn mc_memory_location(
+        engine: transfer_engine_t,
+        addr: *const ::core::ffi::c_void,
+        buf: *mut ::core::ffi::c_char,
+        len: usize,
+    ) -> ::core::ffi::c_int;
     pub fn mc_segment_buffers(
         engine: transfer_engine_t,
         segment_id: i32,

@@ -202,6 +202,13 @@ impl<M: RegisterableMemory> Registration<M> {
         self.inner.region().read_at(offset, out)
     }
 
+    /// Where the engine says this buffer lives, as published to peers:
+    /// `cuda:<device>` for GPU memory, `cpu:<numa node>` for host memory
+    /// (or the location given at registration).
+    pub fn location(&self) -> Result<String> {
+        self.inner.region().location()
+    }
+
     /// Copies the whole buffer into a new vector.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.len()];
@@ -294,6 +301,13 @@ impl<'a> RegisteredSlice<'a> {
     /// Copies `out.len()` bytes starting at `offset` out of the buffer.
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.inner.region().read_at(offset, out)
+    }
+
+    /// Where the engine says this buffer lives, as published to peers:
+    /// `cuda:<device>` for GPU memory, `cpu:<numa node>` for host memory
+    /// (or the location given at registration).
+    pub fn location(&self) -> Result<String> {
+        self.inner.region().location()
     }
 }
 

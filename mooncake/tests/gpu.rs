@@ -97,6 +97,7 @@ fn device_buffers_over_tcp_and_locally() {
         )
         .unwrap();
     assert_eq!(remote.device(), Some(0));
+    assert_eq!(remote.location().unwrap(), "cuda:0");
     let seg = init.open_segment(target.segment_name()).unwrap();
     let buf = seg.buffers().unwrap()[0];
     for (i, &sz) in SIZES.iter().enumerate() {

@@ -21,6 +21,9 @@ fn read_and_write_1_byte_to_64_mib() {
     let seg = init.open_segment(target.segment_name()).unwrap();
     let base = seg.buffers().unwrap()[0];
     assert_eq!(base.addr, published.addr());
+    // "*" resolves to the NUMA node of the first page where NUMA is known.
+    let loc = published.location().unwrap();
+    assert!(loc.starts_with("cpu:") || loc == "*", "{loc}");
 
     for &len in &[1usize, 3, 4096, 65_535, 65_536, 65_537, MIB + 7, 64 * MIB] {
         // READ: poison, transfer, compare.

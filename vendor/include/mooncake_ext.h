@@ -135,6 +135,10 @@ int mc_engine_gpu_registration_mode(transfer_engine_t engine, int32_t *mode);
 int mc_engine_device_filters(transfer_engine_t engine, char *allow, size_t allow_len, char *deny,
                              size_t deny_len);
 
+/* Location of the local registered buffer holding `addr` ("cuda:<device>",
+ * "cpu:<numa node>", or what the caller passed), NUL-terminated. */
+int mc_memory_location(transfer_engine_t engine, const void *addr, char *buf, size_t len);
+
 /* Buffers of an opened remote segment, as its descriptor lists them. */
 typedef struct mc_buffer_info {
     uint64_t addr;

@@ -230,3 +230,22 @@ TEST(engine_probe_and_segment_buffers) {
     CHECK_EQ(getLocalIpAndPort(p.target, ipport, sizeof ipport), 0);
     CHECK_EQ(std::string(ipport), segment_name(p.target));
 }
+
+TEST(engine_memory_location_of_registered_buffers) {
+    transfer_engine_t e = make_engine();
+    REQUIRE(e);
+    std::vector<char> a(8192), b(8192);
+    REQUIRE_EQ(registerLocalMemory(e, a.data(), a.size(), "cpu:0", 1), 0);
+    REQUIRE_EQ(registerLocalMemory(e, b.data(), b.size(), "*", 1), 0);
+    char loc[32] = {0};
+    CHECK_EQ(mc_memory_location(e, a.data() + 100, loc, sizeof loc), 0);
+    CHECK_EQ(std::string(loc), std::string("cpu:0"));
+    // "*" becomes the NUMA node of the first page (or stays "*" without NUMA).
+    CHECK_EQ(mc_memory_location(e, b.data(), loc, sizeof loc), 0);
+    CHECK(std::string(loc).rfind("cpu:", 0) == 0 || std::string(loc) == "*");
+    std::vector<char> c(64);
+    CHECK_EQ(mc_memory_location(e, c.data(), loc, sizeof loc), ERR_ADDRESS_NOT_REGISTERED);
+    CHECK(std::string(mc_last_error_message()).find("no registered buffer") != std::string::npos);
+    CHECK_EQ(mc_memory_location(e, a.data(), loc, 2), MC_ERR_BUFFER_TOO_SMALL);
+    destroyTransferEngine(e);
+}

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine_fixture.h"
+#include "gpu/gpu.h"
 
 extern char **environ;
 
@@ -43,16 +44,31 @@ bool gpu_lane(const char *test) {
     return info.usable != 0;
 }
 
+// True when the two-GPU lane should run: the GPU lane, and a second GPU.
+// MOONCAKE_GPU2_TESTS=1 makes a missing second GPU a failure.
+bool gpu_pair_lane(const char *test) {
+    if (!gpu_lane(test)) return false;
+    int n = gpu_info().device_count;
+    if (n >= 2) return true;
+    const char *want = std::getenv("MOONCAKE_GPU2_TESTS");
+    if (want && std::string(want) == "1")
+        mctest::record_failure(__FILE__, __LINE__, "MOONCAKE_GPU2_TESTS=1 but " + std::to_string(n) + " GPU(s) visible");
+    else
+        std::fprintf(stderr, "    SKIPPED %s: needs 2 GPUs, %d visible\n", test, n);
+    return false;
+}
+
 struct DeviceBuf {
     void *ptr = nullptr;
     size_t len = 0;
-    DeviceBuf(size_t n, int device = 0) : len(n) {
-        if (mc_gpu_alloc(device, n, &ptr) != 0) {
+    int device = 0;
+    DeviceBuf(size_t n, int dev = 0) : len(n), device(dev) {
+        if (mc_gpu_alloc(dev, n, &ptr) != 0) {
             mctest::record_failure(__FILE__, __LINE__, std::string("mc_gpu_alloc: ") + mc_last_error_message());
             throw mctest::Abort{};
         }
     }
-    ~DeviceBuf() { mc_gpu_free(0, ptr); }
+    ~DeviceBuf() { mc_gpu_free(device, ptr); }
     char *at(size_t off) const { return static_cast<char *>(ptr) + off; }
     void upload(const std::vector<char> &h, size_t off = 0) { REQUIRE_EQ(mc_gpu_memcpy(at(off), h.data(), h.size()), 0); }
     std::vector<char> download(size_t off, size_t n) const {
@@ -79,6 +95,8 @@ int one_transfer(transfer_engine_t e, int op, void *local, segment_id_t seg, uin
 }
 
 const size_t kSizes[] = {4096, 65536 + 13, (1u << 20) + 7, 16u << 20, 64u << 20};
+// Two GPUs: 4 KiB to 1 GiB.
+const size_t kPairSizes[] = {4096, 65536 + 13, (1u << 20) + 7, 16u << 20, 64u << 20, 256u << 20, 1u << 30};
 
 }  // namespace
 
@@ -227,10 +245,11 @@ int gpu_peer_main(int argc, char **argv) {
     if (argc < 4) return 2;
     size_t size = std::strtoull(argv[2], nullptr, 10);
     uint32_t seed = static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10));
+    int device = argc > 4 ? std::atoi(argv[4]) : 0;
     transfer_engine_t e = make_engine();
     if (!e) return 1;
     void *d = nullptr;
-    if (mc_gpu_alloc(0, size, &d) != 0) {
+    if (mc_gpu_alloc(device, size, &d) != 0) {
         std::printf("FAILED %s\n", mc_last_error_message());
         return 1;
     }
@@ -252,13 +271,16 @@ int gpu_peer_main(int argc, char **argv) {
         }
     }
     destroyTransferEngine(e);
-    mc_gpu_free(0, d);
+    mc_gpu_free(device, d);
     return 0;
 }
 
-TEST(gpu_two_processes_same_gpu_use_cuda_ipc) {
-    if (!gpu_lane("gpu_two_processes_same_gpu_use_cuda_ipc")) return;
-    const size_t max = 64u << 20;
+namespace {
+
+// A peer process with a GPU buffer of `max` bytes on `peer_device`, read
+// and written over the same-host path from a buffer on `my_device`.
+template <size_t N>
+void two_process_ipc(int peer_device, int my_device, size_t max, const size_t (&sizes)[N]) {
     int to_child[2], from_child[2];
     REQUIRE(pipe(to_child) == 0 && pipe(from_child) == 0);
     posix_spawn_file_actions_t fa;
@@ -267,9 +289,9 @@ TEST(gpu_two_processes_same_gpu_use_cuda_ipc) {
     posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
     posix_spawn_file_actions_addclose(&fa, to_child[1]);
     posix_spawn_file_actions_addclose(&fa, from_child[0]);
-    std::string size_s = std::to_string(max);
+    std::string size_s = std::to_string(max), dev_s = std::to_string(peer_device);
     char *args[] = {const_cast<char *>("engine_tests"), const_cast<char *>("--gpu-peer"), &size_s[0],
-                    const_cast<char *>("4242"), nullptr};
+                    const_cast<char *>("4242"), &dev_s[0], nullptr};
     pid_t pid = 0;
     REQUIRE(posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, environ) == 0);
     close(to_child[0]);
@@ -284,13 +306,13 @@ TEST(gpu_two_processes_same_gpu_use_cuda_ipc) {
 
     transfer_engine_t e = make_engine();
     REQUIRE(e);
-    DeviceBuf mine(max);
+    DeviceBuf mine(max, my_device);
     REQUIRE_EQ(registerLocalMemory(e, mine.ptr, max, "*", 1), 0);
     segment_id_t seg = openSegment(e, seg_name);
     REQUIRE(seg > 0);
     auto expect = random_bytes(max, 4242);
-    for (size_t sz : kSizes) {
-        REQUIRE_EQ(mc_gpu_memset(0, mine.ptr, 0x11, max), 0);
+    for (size_t sz : sizes) {
+        REQUIRE_EQ(mc_gpu_memset(my_device, mine.ptr, 0x11, max), 0);
         CHECK_EQ(one_transfer(e, OPCODE_READ, mine.ptr, seg, remote, sz), STATUS_COMPLETED);
         auto got = mine.download(0, sz);
         CHECK(std::memcmp(got.data(), expect.data(), sz) == 0);
@@ -306,7 +328,7 @@ TEST(gpu_two_processes_same_gpu_use_cuda_ipc) {
     CHECK_EQ(std::string(line), std::string("OK\n"));
     mc_engine_counters_t c{};
     mc_engine_get_counters(e, &c);
-    CHECK_EQ(c.ipc_copies, (sizeof kSizes / sizeof kSizes[0]) + 1);
+    CHECK_EQ(c.ipc_copies, N + 1);
     CHECK_EQ(c.tcp_requests_sent, 0u);
     // Out of the advertised buffer: refused before any copy.
     CHECK_EQ(one_transfer(e, OPCODE_READ, mine.ptr, seg, remote + max - 8, 16), STATUS_FAILED);
@@ -317,6 +339,54 @@ TEST(gpu_two_processes_same_gpu_use_cuda_ipc) {
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     fclose(in);
     fclose(out);
+    destroyTransferEngine(e);
+}
+
+}  // namespace
+
+TEST(gpu_two_processes_same_gpu_use_cuda_ipc) {
+    if (!gpu_lane("gpu_two_processes_same_gpu_use_cuda_ipc")) return;
+    two_process_ipc(0, 0, 64u << 20, kSizes);
+}
+
+TEST(gpu_two_processes_two_gpus_use_cuda_ipc) {
+    if (!gpu_pair_lane("gpu_two_processes_two_gpus_use_cuda_ipc")) return;
+    // Peer on GPU 1, us on GPU 0, and the reverse.
+    two_process_ipc(1, 0, 1u << 30, kPairSizes);
+    two_process_ipc(0, 1, 64u << 20, kSizes);
+}
+
+TEST(gpu_two_gpus_within_one_engine) {
+    if (!gpu_pair_lane("gpu_two_gpus_within_one_engine")) return;
+    const size_t max = 1u << 30;
+    // The engine's choice of path must match what the hardware offers.
+    mcrs::gpu::PeerPath p = mcrs::gpu::peer_path(0, 1);
+    std::fprintf(stderr, "    GPU 0 -> GPU 1: %s\n", mcrs::gpu::peer_path_name(p));
+    transfer_engine_t e = make_engine();
+    REQUIRE(e);
+    DeviceBuf g0(max, 0), g1(max, 1);
+    REQUIRE_EQ(registerLocalMemory(e, g0.ptr, max, "*", 1), 0);
+    REQUIRE_EQ(registerLocalMemory(e, g1.ptr, max, "*", 1), 0);
+    char loc[64] = {0};
+    // Each buffer reports its own device.
+    REQUIRE_EQ(mc_memory_location(e, g1.ptr, loc, sizeof loc), 0);
+    CHECK_EQ(std::string(loc), std::string("cuda:1"));
+    for (size_t sz : kPairSizes) {
+        auto data = random_bytes(sz, 9000 + static_cast<uint32_t>(sz));
+        g0.upload(data);
+        // READ: GPU 1 <- GPU 0.
+        REQUIRE_EQ(mc_gpu_memset(1, g1.ptr, 0x5A, max), 0);
+        CHECK_EQ(one_transfer(e, OPCODE_READ, g1.ptr, LOCAL_SEGMENT, reinterpret_cast<uint64_t>(g0.ptr), sz), STATUS_COMPLETED);
+        CHECK(g1.download(0, sz) == data);
+        if (sz < max) CHECK_EQ(g1.download(sz, 1)[0], static_cast<char>(0x5A));
+        // WRITE: GPU 1 -> GPU 0.
+        auto back = random_bytes(sz, 9500 + static_cast<uint32_t>(sz));
+        g1.upload(back);
+        REQUIRE_EQ(mc_gpu_memset(0, g0.ptr, 0x66, max), 0);
+        CHECK_EQ(one_transfer(e, OPCODE_WRITE, g1.ptr, LOCAL_SEGMENT, reinterpret_cast<uint64_t>(g0.ptr), sz), STATUS_COMPLETED);
+        CHECK(g0.download(0, sz) == back);
+        if (sz < max) CHECK_EQ(g0.download(sz, 1)[0], static_cast<char>(0x66));
+    }
     destroyTransferEngine(e);
 }
 

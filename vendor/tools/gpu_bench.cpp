@@ -1,7 +1,9 @@
 // GPU path bandwidth next to the ceilings measured in the same run:
 // cudaMemcpy device-to-device and pinned host<->device, against the
 // engine's local copies, the same-host CUDA IPC path (two processes) and
-// TCP with GPU memory (against TCP with host memory). Prints one table.
+// TCP with GPU memory (against TCP with host memory). With two GPUs, also
+// GPU 0 <-> GPU 1 within one engine and between two processes, against
+// cudaMemcpyPeer. Prints one table.
 //
 //   make -C vendor gpu_bench CUDA=13 && vendor/build/std-cu13/gpu_bench [size_mib] [iters]
 #include <spawn.h>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/cuda_api.h"
 #include "mooncake_ext.h"
 
 extern char **environ;
@@ -48,11 +51,27 @@ std::string name_of(transfer_engine_t e) {
     return buf;
 }
 
-void *dev_alloc(size_t n) {
+void *dev_alloc(size_t n, int device = 0) {
     void *p = nullptr;
-    if (mc_gpu_alloc(0, n, &p) != 0) die("mc_gpu_alloc");
-    mc_gpu_memset(0, p, 1, n);
+    if (mc_gpu_alloc(device, n, &p) != 0) die("mc_gpu_alloc");
+    mc_gpu_memset(device, p, 1, n);
     return p;
+}
+
+// The ceiling for GPU-to-GPU: the runtime's own peer copy, with peer access
+// enabled both ways (as any tuned application would).
+void enable_peer_access(int a, int b) {
+    cudaSetDevice(a);
+    cudaDeviceEnablePeerAccess(b, 0);
+    cudaSetDevice(b);
+    cudaDeviceEnablePeerAccess(a, 0);
+    cudaGetLastError();
+}
+
+void memcpy_peer(void *dst, int dst_dev, const void *src, int src_dev, size_t n) {
+    if (cudaMemcpyPeer(dst, dst_dev, src, src_dev, n) != cudaSuccess) die("cudaMemcpyPeer");
+    cudaSetDevice(dst_dev);
+    cudaDeviceSynchronize();
 }
 
 void *pinned_alloc(size_t n) {
@@ -106,9 +125,9 @@ struct Row {
     double ceiling;
 };
 
-int peer_main(size_t size) {
+int peer_main(size_t size, int device) {
     transfer_engine_t e = engine(true);
-    void *d = dev_alloc(size);
+    void *d = dev_alloc(size, device);
     if (registerLocalMemory(e, d, size, "*", 1) != 0) die("register (peer)");
     std::printf("READY %s %llu\n", name_of(e).c_str(), static_cast<unsigned long long>(reinterpret_cast<uint64_t>(d)));
     std::fflush(stdout);
@@ -119,10 +138,52 @@ int peer_main(size_t size) {
     return 0;
 }
 
+// A peer process (this binary with --peer) holding a GPU buffer on
+// `device`; it exits when its stdin closes.
+struct Peer {
+    pid_t pid = 0;
+    int to_child = -1;
+    std::string segment;
+    uint64_t addr = 0;
+    Peer(char *self, size_t n, int device) {
+        int to[2], from[2];
+        if (pipe(to) != 0 || pipe(from) != 0) die("pipe");
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+        posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+        // The child must not hold the write end of its own stdin, or it
+        // never sees EOF.
+        posix_spawn_file_actions_addclose(&fa, to[1]);
+        posix_spawn_file_actions_addclose(&fa, from[0]);
+        std::string size_s = std::to_string(n), dev_s = std::to_string(device);
+        char *args[] = {self, const_cast<char *>("--peer"), &size_s[0], &dev_s[0], nullptr};
+        if (posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, environ) != 0) die("posix_spawn");
+        posix_spawn_file_actions_destroy(&fa);
+        close(to[0]);
+        close(from[1]);
+        to_child = to[1];
+        FILE *in = fdopen(from[0], "r");
+        char line[512];
+        char seg[256];
+        unsigned long long remote = 0;
+        if (!std::fgets(line, sizeof line, in) || std::sscanf(line, "READY %255s %llu", seg, &remote) != 2)
+            die("peer did not start");
+        fclose(in);
+        segment = seg;
+        addr = remote;
+    }
+    ~Peer() {
+        close(to_child);
+        waitpid(pid, nullptr, 0);
+    }
+};
+
 }  // namespace
 
 int main(int argc, char **argv) {
-    if (argc > 1 && std::string(argv[1]) == "--peer") return peer_main(std::strtoull(argv[2], nullptr, 10));
+    if (argc > 3 && std::string(argv[1]) == "--peer")
+        return peer_main(std::strtoull(argv[2], nullptr, 10), std::atoi(argv[3]));
     setvbuf(stdout, nullptr, _IOLBF, 0);
     size_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64;
     int iters = argc > 2 ? std::atoi(argv[2]) : 20;
@@ -155,36 +216,37 @@ int main(int argc, char **argv) {
     rows.push_back({"engine local GPU->host", local(h0, d0), "cudaMemcpy pinned D2H", c_d2h});
 
     // Same-host path: a peer process with a GPU buffer.
-    int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) return 1;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
-    // The child must not hold the write end of its own stdin, or it never
-    // sees EOF.
-    posix_spawn_file_actions_addclose(&fa, to_child[1]);
-    posix_spawn_file_actions_addclose(&fa, from_child[0]);
-    std::string size_s = std::to_string(n);
-    char *args[] = {argv[0], const_cast<char *>("--peer"), &size_s[0], nullptr};
-    pid_t pid = 0;
-    if (posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, environ) != 0) return 1;
-    close(to_child[0]);
-    close(from_child[1]);
-    FILE *in = fdopen(from_child[0], "r");
-    char line[512];
-    if (!std::fgets(line, sizeof line, in)) return 1;
-    char seg_name[256];
-    unsigned long long remote = 0;
-    std::sscanf(line, "READY %255s %llu", seg_name, &remote);
-    segment_id_t ps = openSegment(e, seg_name);
-    if (ps < 0) die("openSegment (peer)");
-    rows.push_back({"CUDA IPC, other process, READ", measure(n, iters, [&] { transfer(e, OPCODE_READ, d1, ps, remote, n, 1); }),
-                    "cudaMemcpy D2D", c_d2d});
-    rows.push_back({"CUDA IPC, other process, WRITE", measure(n, iters, [&] { transfer(e, OPCODE_WRITE, d1, ps, remote, n, 1); }),
-                    "cudaMemcpy D2D", c_d2d});
-    close(to_child[1]);
-    waitpid(pid, nullptr, 0);
+    {
+        Peer peer(argv[0], n, 0);
+        segment_id_t ps = openSegment(e, peer.segment.c_str());
+        if (ps < 0) die("openSegment (peer)");
+        rows.push_back({"CUDA IPC, other process, READ",
+                        measure(n, iters, [&] { transfer(e, OPCODE_READ, d1, ps, peer.addr, n, 1); }), "cudaMemcpy D2D", c_d2d});
+        rows.push_back({"CUDA IPC, other process, WRITE",
+                        measure(n, iters, [&] { transfer(e, OPCODE_WRITE, d1, ps, peer.addr, n, 1); }), "cudaMemcpy D2D", c_d2d});
+        closeSegment(e, ps);
+    }
+
+    if (info.device_count >= 2) {
+        // GPU 0 <-> GPU 1: within this engine and with a peer process on GPU 1.
+        enable_peer_access(0, 1);
+        void *g1 = dev_alloc(n, 1);
+        if (registerLocalMemory(e, g1, n, "*", 1) != 0) die("register (GPU 1)");
+        double c_01 = measure(n, iters, [&] { memcpy_peer(g1, 1, d0, 0, n); });
+        double c_10 = measure(n, iters, [&] { memcpy_peer(d0, 0, g1, 1, n); });
+        rows.push_back({"engine local GPU0->GPU1", local(g1, d0), "cudaMemcpyPeer 0->1", c_01});
+        rows.push_back({"engine local GPU1->GPU0", local(d0, g1), "cudaMemcpyPeer 1->0", c_10});
+        Peer peer(argv[0], n, 1);
+        segment_id_t ps = openSegment(e, peer.segment.c_str());
+        if (ps < 0) die("openSegment (peer on GPU 1)");
+        rows.push_back({"CUDA IPC, GPU1 process -> GPU0 READ",
+                        measure(n, iters, [&] { transfer(e, OPCODE_READ, d0, ps, peer.addr, n, 1); }), "cudaMemcpyPeer 1->0", c_10});
+        rows.push_back({"CUDA IPC, GPU0 -> GPU1 process WRITE",
+                        measure(n, iters, [&] { transfer(e, OPCODE_WRITE, d0, ps, peer.addr, n, 1); }), "cudaMemcpyPeer 0->1", c_01});
+        closeSegment(e, ps);
+    } else {
+        std::printf("(one GPU visible: GPU 0 <-> GPU 1 rows need two)\n\n");
+    }
 
     // TCP: two engines in one process (same pid, so no IPC), 16 requests.
     transfer_engine_t t = engine(false);

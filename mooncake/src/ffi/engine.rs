@@ -129,6 +129,20 @@ impl RawEngine {
             .into_owned())
     }
 
+    pub(crate) fn memory_location(&self, addr: *const u8) -> Result<String> {
+        let mut buf = [0 as c_char; 128];
+        // SAFETY: `buf` is writable for its length; the engine only looks the
+        // address up in its registry (it never dereferences it) and
+        // NUL-terminates on success.
+        check(unsafe {
+            sys::mc_memory_location(self.handle(), addr.cast(), buf.as_mut_ptr(), buf.len())
+        })?;
+        // SAFETY: the call succeeded, so `buf` holds a NUL-terminated string.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
     pub(crate) fn ports(&self) -> Result<(u16, u16)> {
         let (mut rpc, mut data) = (0u16, 0u16);
         // SAFETY: both out-pointers are valid.

@@ -156,6 +156,10 @@ impl RegisteredRegion {
         &self.engine
     }
 
+    pub(crate) fn location(&self) -> Result<String> {
+        self.engine.raw.memory_location(self.ptr)
+    }
+
     pub(crate) fn addr(&self) -> u64 {
         self.ptr as u64
     }

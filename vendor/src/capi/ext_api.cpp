@@ -133,6 +133,16 @@ int mc_engine_gpu_registration_mode(transfer_engine_t engine, int32_t *mode) {
     });
 }
 
+int mc_memory_location(transfer_engine_t engine, const void *addr, char *buf, size_t len) {
+    return guard_errcode("mc_memory_location", [&] {
+        TransferEngine *e = engine_of(engine, "mc_memory_location");
+        std::string loc = e->location_of(addr);
+        if (loc.empty()) throw Error(kErrAddressNotRegistered, "no registered buffer holds this address");
+        copy_out(loc, buf, len, nullptr);
+        return 0;
+    });
+}
+
 int mc_engine_device_filters(transfer_engine_t engine, char *allow, size_t allow_len, char *deny,
                              size_t deny_len) {
     return guard_errcode("mc_engine_device_filters", [&] {

@@ -455,9 +455,13 @@ void TransferEngine::run_local(std::vector<TransferItem> &items) {
         const char *src = it.opcode == OPCODE_WRITE ? it.local : t;
         bool device = target.region()->device >= 0 || (it.local_pin && it.local_pin.region()->device >= 0);
         if (device) {
-            // Any direction between host and GPU memory, by the copy engines.
+            // Any direction between host and GPU memory, by the copy engines;
+            // between two GPUs by the direct peer path when there is one.
+            int target_device = target.region()->device;
+            int local_device = it.local_device();
             try {
-                gpu::copy(dst, src, it.length);
+                if (it.opcode == OPCODE_WRITE) gpu::copy_between(dst, target_device, src, local_device, it.length);
+                else gpu::copy_between(dst, local_device, src, target_device, it.length);
             } catch (const Error &e) {
                 it.fail(std::string("local-segment GPU copy failed: ") + e.what());
                 continue;

@@ -51,6 +51,12 @@ public:
     bool wait_region_idle(void *addr, int64_t timeout_ms) const {
         return registry_.wait_idle(reinterpret_cast<uint64_t>(addr), timeout_ms);
     }
+    // Location ("cuda:1", "cpu:0", ...) of the registered buffer holding
+    // `addr`; empty when none does.
+    std::string location_of(const void *addr) const {
+        RegionPin p = registry_.pin(reinterpret_cast<uint64_t>(addr), 1, /*need_remote=*/false);
+        return p ? p.region()->location : std::string();
+    }
 
     // Segments.
     int32_t open_segment(const std::string &name, bool no_cache);

@@ -39,6 +39,21 @@ PointerKind classify(const void *ptr);
 
 // Synchronous copy in any direction (unified addressing). Throws Error.
 void copy(void *dst, const void *src, size_t n);
+
+// How bytes move between two GPUs of this process.
+enum class PeerPath {
+    SameDevice,  // one GPU: its copy engines
+    Direct,      // peer access enabled (NVLink or PCIe P2P): GPU to GPU
+    Staged,      // no peer access: the runtime stages through host memory
+};
+const char *peer_path_name(PeerPath p);
+// Enables peer access from `from` to `to` (both directions are asked for
+// separately) the first time a pair is seen and remembers the answer; the
+// first use of each pair is logged. Never throws.
+PeerPath peer_path(int from, int to);
+// A synchronous copy between memory that may live on two GPUs (device -1 =
+// host memory): uses the direct peer path when it exists. Throws Error.
+void copy_between(void *dst, int dst_device, const void *src, int src_device, size_t n);
 void memset_device(void *dst, int value, size_t n, int device);
 void *alloc_device(int device, size_t n);
 void free_device(void *ptr, int device);
@@ -56,8 +71,10 @@ struct IpcExport {
     int device = -1;
 };
 bool ipc_export(const void *ptr, IpcExport &out, std::string &err);
-// Maps a peer's allocation; returns its base, or nullptr with `err`.
-void *ipc_open(const std::string &handle_hex, int device, std::string &err);
+// Maps a peer's allocation (on `device` when this process sees that GPU,
+// else on GPU 0); returns its base and the GPU it is mapped on, or nullptr
+// with `err`.
+void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, std::string &err);
 void ipc_close(void *base, int device);
 
 // The device allocation that contains `ptr`.

@@ -38,7 +38,7 @@ bool ipc_export(const void *ptr, IpcExport &out, std::string &err) {
     return true;
 }
 
-void *ipc_open(const std::string &handle_hex, int device, std::string &err) {
+void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, std::string &err) {
     if (!status().usable) {
         err = status().reason;
         return nullptr;
@@ -64,6 +64,7 @@ void *ipc_open(const std::string &handle_hex, int device, std::string &err) {
     // Map on a local GPU: the peer's device when we have it, else ours.
     int local = device >= 0 && device < status().device_count ? device : 0;
     cudaSetDevice(local);
+    mapped_device = local;
     void *p = nullptr;
     cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
@@ -86,7 +87,7 @@ bool ipc_export(const void *, IpcExport &, std::string &err) {
     err = status().reason;
     return false;
 }
-void *ipc_open(const std::string &, int, std::string &err) {
+void *ipc_open(const std::string &, int, int &, std::string &err) {
     err = status().reason;
     return nullptr;
 }

@@ -49,28 +49,33 @@ void IpcTransport::submit(std::vector<TransferItem> &items, std::vector<IpcTarge
     for (auto &it : rejected) it.fail("the engine is shutting down");
 }
 
-void *IpcTransport::map(const IpcTarget &t, std::string &err) {
+void *IpcTransport::map(const IpcTarget &t, int &mapped_device, std::string &err) {
     {
         std::lock_guard<std::mutex> g(mu_);
         auto it = mappings_.find(t.handle);
-        if (it != mappings_.end()) return it->second.base;
+        if (it != mappings_.end()) {
+            mapped_device = it->second.device;
+            return it->second.base;
+        }
         if (failed_.count(t.handle)) {
             err = "mapping this allocation failed before";
             return nullptr;
         }
     }
-    void *base = gpu::ipc_open(t.handle, t.device, err);
+    void *base = gpu::ipc_open(t.handle, t.device, mapped_device, err);
     std::lock_guard<std::mutex> g(mu_);
     if (!base) {
         failed_.insert(t.handle);
         return nullptr;
     }
-    auto ins = mappings_.emplace(t.handle, Mapping{base, t.device});
+    auto ins = mappings_.emplace(t.handle, Mapping{base, mapped_device});
     if (!ins.second) {  // another worker mapped it meanwhile
-        gpu::ipc_close(base, t.device);
+        gpu::ipc_close(base, mapped_device);
+        mapped_device = ins.first->second.device;
         return ins.first->second.base;
     }
-    MC_LOG(Info, "mapped a peer GPU allocation (device " << t.device << ") for the same-host path");
+    MC_LOG(Info, "mapped a peer GPU allocation (peer's GPU " << t.device << ", mapped on GPU " << mapped_device
+                                                            << ") for the same-host path");
     return base;
 }
 
@@ -85,7 +90,8 @@ void IpcTransport::work() {
             jobs_.pop_front();
         }
         std::string err;
-        char *base = static_cast<char *>(map(job.target, err));
+        int mapped_device = -1;
+        char *base = static_cast<char *>(map(job.target, mapped_device, err));
         if (!base) {
             MC_LOG(Warn, "same-host GPU path unavailable (" << err << "); using TCP");
             std::vector<TransferItem> one;
@@ -96,8 +102,9 @@ void IpcTransport::work() {
         TransferItem &it = job.item;
         char *remote = base + job.target.ipc_offset + (it.remote_addr - job.target.buffer_addr);
         try {
-            if (it.opcode == 1) gpu::copy(remote, it.local, it.length);
-            else gpu::copy(it.local, remote, it.length);
+            int local_device = it.local_device();
+            if (it.opcode == 1) gpu::copy_between(remote, mapped_device, it.local, local_device, it.length);
+            else gpu::copy_between(it.local, local_device, remote, mapped_device, it.length);
             copies_.fetch_add(1, std::memory_order_relaxed);
             it.complete();
         } catch (const Error &e) {

@@ -54,7 +54,7 @@ private:
         int device;
     };
     void work();
-    void *map(const IpcTarget &t, std::string &err);
+    void *map(const IpcTarget &t, int &mapped_device, std::string &err);
 
     std::mutex mu_;
     std::condition_variable cv_;

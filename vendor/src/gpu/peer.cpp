@@ -1,0 +1,109 @@
+// Copies between two GPUs of one process. With peer access (NVLink or PCIe
+// P2P) the copy engines move bytes GPU to GPU; without it the runtime goes
+// through host memory, which is several times slower, so the choice is made
+// once per pair of devices and logged where operators will look for it.
+#include <mutex>
+#include <vector>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "gpu/cuda_api.h"
+#include "gpu/gpu.h"
+
+namespace mcrs {
+namespace gpu {
+
+const char *peer_path_name(PeerPath p) {
+    switch (p) {
+        case PeerPath::SameDevice: return "same GPU";
+        case PeerPath::Direct: return "direct peer path (GPU to GPU)";
+        case PeerPath::Staged: return "no peer access (staged through host memory)";
+    }
+    return "?";
+}
+
+#if MC_WITH_CUDA
+
+namespace {
+
+struct PeerTable {
+    std::mutex mu;
+    int n = 0;
+    std::vector<int> state;  // n*n: -1 unknown, else a PeerPath value
+};
+
+PeerTable &table() {
+    static PeerTable t;
+    return t;
+}
+
+PeerPath probe(int from, int to) {
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, from, to) != cudaSuccess || !can) {
+        cudaGetLastError();
+        return PeerPath::Staged;
+    }
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(from);
+    cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+    cudaSetDevice(prev);
+    if (e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();  // "already enabled" is sticky otherwise
+        return PeerPath::Direct;
+    }
+    MC_LOG(Warn, "GPU " << from << " reports peer access to GPU " << to
+                        << " but enabling it failed: " << cudaGetErrorString(e));
+    cudaGetLastError();
+    return PeerPath::Staged;
+}
+
+}  // namespace
+
+PeerPath peer_path(int from, int to) {
+    if (from == to) return PeerPath::SameDevice;
+    const Status &s = status();
+    if (!s.usable || from < 0 || to < 0 || from >= s.device_count || to >= s.device_count)
+        return PeerPath::Staged;
+    PeerTable &t = table();
+    std::lock_guard<std::mutex> g(t.mu);
+    if (t.n == 0) {
+        t.n = s.device_count;
+        t.state.assign(static_cast<size_t>(t.n) * t.n, -1);
+    }
+    int &slot = t.state[static_cast<size_t>(from) * t.n + to];
+    if (slot < 0) {
+        PeerPath p = probe(from, to);
+        slot = static_cast<int>(p);
+        MC_LOG(Info, "GPU " << from << " -> GPU " << to << ": " << peer_path_name(p));
+    }
+    return static_cast<PeerPath>(slot);
+}
+
+void copy_between(void *dst, int dst_device, const void *src, int src_device, size_t n) {
+    if (dst_device < 0 || src_device < 0 || dst_device == src_device) return copy(dst, src, n);
+    require_usable("GPU copy");
+    // Peer access is per direction; a copy engine of either GPU may run it.
+    PeerPath p = peer_path(src_device, dst_device);
+    peer_path(dst_device, src_device);
+    MC_LOG(Debug, "copy of " << n << " bytes GPU " << src_device << " -> GPU " << dst_device << ": "
+                             << peer_path_name(p));
+    cudaError_t e = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, n, cudaStreamPerThread);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamPerThread);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw Error(kErrContext, "cudaMemcpyPeer of " + std::to_string(n) + " bytes from GPU " +
+                                     std::to_string(src_device) + " to GPU " + std::to_string(dst_device) +
+                                     " failed: " + cudaGetErrorString(e));
+    }
+}
+
+#else  // CPU build
+
+PeerPath peer_path(int from, int to) { return from == to ? PeerPath::SameDevice : PeerPath::Staged; }
+void copy_between(void *dst, int, const void *src, int, size_t n) { copy(dst, src, n); }
+
+#endif
+
+}  // namespace gpu
+}  // namespace mcrs
