@@ -96,7 +96,6 @@ fn main() {
         // to go missing.
         println!("cargo:rustc-link-search=native={}", tk.lib.display());
         println!("cargo:rustc-link-lib=static=cudart_static");
-        println!("cargo:rustc-link-lib=dl");
         println!("cargo:rustc-link-lib=rt");
         println!(
             "cargo:warning=mooncake-sys: CUDA {} from {} ({})",
@@ -106,6 +105,9 @@ fn main() {
         );
     }
     println!("cargo:rustc-link-lib=pthread");
+    // dlopen/dlsym: the RDMA transport loads libibverbs at run time (and GPU
+    // builds libcuda). In libc since glibc 2.34, in libdl before.
+    println!("cargo:rustc-link-lib=dl");
     let major = toolkit.as_ref().map(|t| t.major()).unwrap_or(0);
     println!("cargo:cuda_major={major}");
     println!(

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the full test suite needs beyond Rust and g++, idempotently:
 #  - Debian: libibverbs1 and libnuma1 (the upstream wheel imports them even
-#    for TCP), libclang-dev (the bindings freshness check runs bindgen);
+#    for TCP), libibverbs-dev (`make -C vendor verbs-abi-check` compares our
+#    verbs declarations with its header), libclang-dev (the bindings
+#    freshness check runs bindgen);
 #  - a Python venv at .venv-upstream with upstream Mooncake 0.3.13
 #    (mooncake-transfer-engine-non-cuda==0.3.13.post1), pyzmq and msgspec
 #    for interop tests;
@@ -16,7 +18,7 @@ SIDE_PKGS=(pyzmq msgspec)
 VENV=.venv-upstream
 
 need_apt=()
-for pkg in libibverbs1 libnuma1 libclang-dev; do
+for pkg in libibverbs1 libibverbs-dev libnuma1 libclang-dev; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
