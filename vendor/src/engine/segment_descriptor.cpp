@@ -62,6 +62,7 @@ Json encode_segment_desc(const SegmentDesc &d) {
             e.set("gid", dv.gid);
             e.set("lid", static_cast<uint64_t>(dv.lid));
             e.set("name", dv.name);
+            if (!dv.link_layer.empty()) e.set("mc_link_layer", dv.link_layer);
             devs.push(e);
         }
         j.set("devices", devs);
@@ -131,6 +132,8 @@ SegmentDesc decode_segment_desc(const Json &j) {
             DeviceDesc dv;
             dv.name = json_string_or(e, "name", "");
             dv.gid = json_string_or(e, "gid", "");
+            dv.link_layer = json_string_or(e, "mc_link_layer", "");
+            if (dv.link_layer.size() > 32) dv.link_layer.clear();
             uint64_t lid = 0;
             if (const Json *l = e.find("lid")) {
                 if (!l->get_u64(lid) || lid > 0xFFFF) lid = 0;

@@ -27,6 +27,10 @@ struct DeviceDesc {
     std::string name;
     std::string gid;
     uint32_t lid = 0;
+    // Extension key "mc_link_layer" ("IB" / "RoCE"; ignored by upstream
+    // readers). Empty = not published; peers then infer it from lid and gid
+    // (transport/rdma/link_layer.h).
+    std::string link_layer;
 };
 
 struct SegmentDesc {
