@@ -17,6 +17,9 @@ cargo fmt --all -- --check
 step "C++ engine tests (-Wall -Wextra -Werror)"
 make -s -C vendor -j"$JOBS" test
 
+step "verbs ABI declarations match Debian's libibverbs-dev header"
+make -s -C vendor verbs-abi-check
+
 step "C++ engine tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 make -s -C vendor -j"$JOBS" test SAN=1
 
