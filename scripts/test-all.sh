@@ -24,7 +24,7 @@ step "C++ engine tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 make -s -C vendor -j"$JOBS" test SAN=1
 
 step "C++ engine tests under ThreadSanitizer"
-TSAN_OPTIONS=halt_on_error=1 make -s -C vendor -j"$JOBS" test SAN=thread
+TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/vendor/tests/tsan.supp" make -s -C vendor -j"$JOBS" test SAN=thread
 
 export MOONCAKE_SYS_WERROR=1
 step "clippy -D warnings"

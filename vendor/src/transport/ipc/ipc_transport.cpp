@@ -17,10 +17,12 @@ IpcTransport::~IpcTransport() { stop(); }
 void IpcTransport::stop() {
     std::deque<Job> left;
     {
-        std::lock_guard<std::mutex> g(mu_);
+        std::unique_lock<std::mutex> lk(mu_);
         if (stopping_ && threads_.empty()) return;
         stopping_ = true;
         left.swap(jobs_);
+        // Mappings are closed below: let copies on submitters' threads end.
+        cv_.wait(lk, [this] { return inline_copies_ == 0; });
     }
     cv_.notify_all();
     for (auto &j : left) j.item.fail("the engine is shutting down");
@@ -38,15 +40,29 @@ bool IpcTransport::usable(const std::string &handle) {
 
 void IpcTransport::submit(std::vector<TransferItem> &items, std::vector<IpcTarget> &targets, Fallback fallback) {
     std::vector<TransferItem> rejected;
+    std::vector<size_t> now;  // already mapped: copy on this thread
+    std::vector<std::pair<char *, int>> bases;
     {
         std::lock_guard<std::mutex> g(mu_);
         for (size_t i = 0; i < items.size(); ++i) {
-            if (stopping_) rejected.push_back(std::move(items[i]));
-            else jobs_.push_back(Job{std::move(items[i]), targets[i], fallback});
+            auto m = mappings_.find(targets[i].handle);
+            if (stopping_) {
+                rejected.push_back(std::move(items[i]));
+            } else if (m != mappings_.end()) {
+                now.push_back(i);
+                bases.emplace_back(static_cast<char *>(m->second.base), m->second.device);
+            } else {
+                jobs_.push_back(Job{std::move(items[i]), targets[i], fallback});
+            }
         }
+        if (!now.empty()) ++inline_copies_;
     }
     cv_.notify_all();
     for (auto &it : rejected) it.fail("the engine is shutting down");
+    if (now.empty()) return;
+    for (size_t k = 0; k < now.size(); ++k) copy(items[now[k]], targets[now[k]], bases[k].first, bases[k].second);
+    std::lock_guard<std::mutex> g(mu_);
+    if (--inline_copies_ == 0) cv_.notify_all();
 }
 
 void *IpcTransport::map(const IpcTarget &t, int &mapped_device, std::string &err) {
@@ -99,17 +115,21 @@ void IpcTransport::work() {
             job.fallback(one);
             continue;
         }
-        TransferItem &it = job.item;
-        char *remote = base + job.target.ipc_offset + (it.remote_addr - job.target.buffer_addr);
-        try {
-            int local_device = it.local_device();
-            if (it.opcode == 1) gpu::copy_between(remote, mapped_device, it.local, local_device, it.length);
-            else gpu::copy_between(it.local, local_device, remote, mapped_device, it.length);
-            copies_.fetch_add(1, std::memory_order_relaxed);
-            it.complete();
-        } catch (const Error &e) {
-            it.fail(std::string("same-host GPU copy failed: ") + e.what());
-        }
+        copy(job.item, job.target, base, mapped_device);
+    }
+}
+
+void IpcTransport::copy(TransferItem &it, const IpcTarget &t, char *base, int mapped_device) {
+    // The engine checked that the range lies inside the advertised buffer.
+    char *remote = base + t.ipc_offset + (it.remote_addr - t.buffer_addr);
+    try {
+        int local_device = it.local_device();
+        if (it.opcode == 1) gpu::copy_between(remote, mapped_device, it.local, local_device, it.length);
+        else gpu::copy_between(it.local, local_device, remote, mapped_device, it.length);
+        copies_.fetch_add(1, std::memory_order_relaxed);
+        it.complete();
+    } catch (const Error &e) {
+        it.fail(std::string("same-host GPU copy failed: ") + e.what());
     }
 }
 
