@@ -28,7 +28,10 @@ int main(int argc, char **argv) {
     const char *filter = argc > 1 ? argv[1] : nullptr;
     int failed_cases = 0, ran = 0;
     for (const auto &c : mctest::registry()) {
-        if (filter && !std::strstr(c.name, filter)) continue;
+        // A filter matches anywhere in the name; "^name" matches a prefix.
+        if (filter && (filter[0] == '^' ? std::strncmp(c.name, filter + 1, std::strlen(filter + 1)) != 0
+                                        : !std::strstr(c.name, filter)))
+            continue;
         ++ran;
         int before = mctest::g_failures;
         std::fprintf(stderr, "[ RUN  ] %s\n", c.name);

@@ -58,6 +58,10 @@ void *dev_alloc(size_t n, int device = 0) {
     return p;
 }
 
+// cudaMemcpy through this process's own mapping of a peer's buffer: what
+// the same-host path could reach at best, the mapping's cost included.
+double ipc_mapping_ceiling(const std::string &hex, void *local, size_t n, int iters, bool into_mapping);
+
 // The ceiling for GPU-to-GPU: the runtime's own peer copy, with peer access
 // enabled both ways (as any tuned application would).
 void enable_peer_access(int a, int b) {
@@ -129,13 +133,40 @@ int peer_main(size_t size, int device) {
     transfer_engine_t e = engine(true);
     void *d = dev_alloc(size, device);
     if (registerLocalMemory(e, d, size, "*", 1) != 0) die("register (peer)");
-    std::printf("READY %s %llu\n", name_of(e).c_str(), static_cast<unsigned long long>(reinterpret_cast<uint64_t>(d)));
+    // Also hand out the raw IPC handle, for the bench's own mapping ceiling.
+    cudaIpcMemHandle_t h;
+    if (cudaIpcGetMemHandle(&h, d) != cudaSuccess) die("cudaIpcGetMemHandle");
+    std::string hex;
+    for (unsigned char c : h.reserved) {
+        static const char *digits = "0123456789abcdef";
+        hex.push_back(digits[c >> 4]);
+        hex.push_back(digits[c & 15]);
+    }
+    std::printf("READY %s %llu %s\n", name_of(e).c_str(), static_cast<unsigned long long>(reinterpret_cast<uint64_t>(d)),
+                hex.c_str());
     std::fflush(stdout);
     char line[64];
     while (std::fgets(line, sizeof line, stdin)) {
     }
     destroyTransferEngine(e);
     return 0;
+}
+
+double ipc_mapping_ceiling(const std::string &hex, void *local, size_t n, int iters, bool into_mapping) {
+    cudaIpcMemHandle_t h;
+    for (size_t i = 0; i < sizeof h.reserved; ++i)
+        h.reserved[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    cudaSetDevice(0);
+    void *mapped = nullptr;
+    if (cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) die("cudaIpcOpenMemHandle");
+    void *dst = into_mapping ? mapped : local;
+    void *src = into_mapping ? local : mapped;
+    double r = measure(n, iters, [&] {
+        cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, cudaStreamPerThread);
+        cudaStreamSynchronize(cudaStreamPerThread);
+    });
+    cudaIpcCloseMemHandle(mapped);
+    return r;
 }
 
 // A peer process (this binary with --peer) holding a GPU buffer on
@@ -145,6 +176,7 @@ struct Peer {
     int to_child = -1;
     std::string segment;
     uint64_t addr = 0;
+    std::string handle;  // the buffer's CUDA IPC handle, hex
     Peer(char *self, size_t n, int device) {
         int to[2], from[2];
         if (pipe(to) != 0 || pipe(from) != 0) die("pipe");
@@ -165,13 +197,14 @@ struct Peer {
         to_child = to[1];
         FILE *in = fdopen(from[0], "r");
         char line[512];
-        char seg[256];
+        char seg[256], hex[300];
         unsigned long long remote = 0;
-        if (!std::fgets(line, sizeof line, in) || std::sscanf(line, "READY %255s %llu", seg, &remote) != 2)
+        if (!std::fgets(line, sizeof line, in) || std::sscanf(line, "READY %255s %llu %299s", seg, &remote, hex) != 3)
             die("peer did not start");
         fclose(in);
         segment = seg;
         addr = remote;
+        handle = hex;
     }
     ~Peer() {
         close(to_child);
@@ -220,10 +253,14 @@ int main(int argc, char **argv) {
         Peer peer(argv[0], n, 0);
         segment_id_t ps = openSegment(e, peer.segment.c_str());
         if (ps < 0) die("openSegment (peer)");
-        rows.push_back({"CUDA IPC, other process, READ",
-                        measure(n, iters, [&] { transfer(e, OPCODE_READ, d1, ps, peer.addr, n, 1); }), "cudaMemcpy D2D", c_d2d});
-        rows.push_back({"CUDA IPC, other process, WRITE",
-                        measure(n, iters, [&] { transfer(e, OPCODE_WRITE, d1, ps, peer.addr, n, 1); }), "cudaMemcpy D2D", c_d2d});
+        double c_map_r = ipc_mapping_ceiling(peer.handle, d1, n, iters, false);
+        double c_map_w = ipc_mapping_ceiling(peer.handle, d1, n, iters, true);
+        double r = measure(n, iters, [&] { transfer(e, OPCODE_READ, d1, ps, peer.addr, n, 1); });
+        double w = measure(n, iters, [&] { transfer(e, OPCODE_WRITE, d1, ps, peer.addr, n, 1); });
+        rows.push_back({"CUDA IPC, other process, READ", r, "cudaMemcpy D2D", c_d2d});
+        rows.push_back({"CUDA IPC, other process, WRITE", w, "cudaMemcpy D2D", c_d2d});
+        rows.push_back({"CUDA IPC, other process, READ", r, "cudaMemcpy from mapping", c_map_r});
+        rows.push_back({"CUDA IPC, other process, WRITE", w, "cudaMemcpy into mapping", c_map_w});
         closeSegment(e, ps);
     }
 
