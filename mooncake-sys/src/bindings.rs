@@ -640,6 +640,18 @@ unsafe extern "C" {
         deny: *mut ::core::ffi::c_char,
         deny_len: usize,
     ) -> ::core::ffi::c_int;
+    pub fn mc_engine_rdma_topology(
+        engine: transfer_engine_t,
+        buf: *mut ::core::ffi::c_char,
+        len: usize,
+        needed: *mut usize,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_engine_rdma_counters(
+        engine: transfer_engine_t,
+        buf: *mut ::core::ffi::c_char,
+        len: usize,
+        needed: *mut usize,
+    ) -> ::core::ffi::c_int;
     pub fn mc_memory_location(
         engine: transfer_engine_t,
         addr: *const ::core::ffi::c_void,

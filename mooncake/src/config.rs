@@ -24,6 +24,13 @@ pub enum Metadata {
 pub enum Protocol {
     /// TCP, wire-compatible with upstream Mooncake's TCP transport.
     Tcp,
+    /// RDMA (RC QPs through libibverbs, loaded at run time: env
+    /// `MC_VERBS_LIBRARY`, else `libibverbs.so.1`), wire-compatible with
+    /// upstream Mooncake's RDMA transport. TCP is installed as well, for
+    /// peers that only speak TCP. Building fails when no usable NIC is found.
+    Rdma,
+    /// RDMA when a usable NIC exists, else TCP alone (like upstream).
+    Auto,
 }
 
 /// Framing spoken by the TCP initiator.
@@ -277,7 +284,8 @@ impl EngineBuilder {
         cfg.local_server_name = host.as_ptr();
         cfg.bind_address = bind.as_ptr();
         cfg.protocols = match self.protocol {
-            Protocol::Tcp => sys::MC_PROTOCOL_TCP,
+            Protocol::Tcp | Protocol::Auto => sys::MC_PROTOCOL_TCP,
+            Protocol::Rdma => sys::MC_PROTOCOL_TCP | sys::MC_PROTOCOL_RDMA,
         };
         cfg.rpc_port = self.rpc_port;
         cfg.tcp_data_port = self.tcp_data_port;
@@ -335,6 +343,11 @@ impl EngineBuilder {
         }
         cfg.gpu_registration_mode = self.gpu_registration.raw();
         let raw = ffi::RawEngine::create(&cfg)?;
+        if self.protocol == Protocol::Auto {
+            if let Err(e) = raw.install_transport("rdma") {
+                tracing::info!(target: "mooncake", "protocol Auto: no usable RDMA NIC ({e}); using TCP");
+            }
+        }
         // The CStrings above outlive the call; the engine copied them.
         Engine::from_shared(EngineShared::new(raw)?)
     }

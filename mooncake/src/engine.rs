@@ -150,6 +150,28 @@ impl Engine {
         })
     }
 
+    /// The RDMA transport's discovered topology as JSON text:
+    /// `{"devices":[{"name","link_layer","numa_node","usable","gid","lid"}...],
+    /// "priority_matrix":{"<location>":[[preferred...],[available...]]}}`
+    /// (the matrix says which NICs serve which memory location). Fails when
+    /// the engine has no RDMA transport.
+    pub fn rdma_topology(&self) -> Result<String> {
+        self.shared.raw.rdma_topology()
+    }
+
+    /// Per-NIC RDMA counters as JSON text: `[{"name","link_layer",
+    /// "numa_node","usable","work_requests","bytes","errors","retries"}...]`.
+    /// Fails when the engine has no RDMA transport.
+    pub fn rdma_counters(&self) -> Result<String> {
+        self.shared.raw.rdma_counters()
+    }
+
+    /// Whether the RDMA transport is installed (always false for
+    /// [`Protocol::Tcp`](crate::Protocol::Tcp)).
+    pub fn has_rdma(&self) -> bool {
+        self.shared.raw.rdma_topology().is_ok()
+    }
+
     /// Registers any registrable memory (a GPU buffer, a cudarc slice, ...)
     /// borrowed for the duration of `f`, with the same guarantees as
     /// [`with_registered`](Self::with_registered).

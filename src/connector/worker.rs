@@ -60,8 +60,10 @@ pub fn build_engine(
 ) -> Result<Engine, ConnectorError> {
     if config.mooncake_protocol == MooncakeProtocol::Rdma {
         // Upstream installs RDMA only when it finds a usable HCA and falls
-        // back to TCP otherwise; this engine has no RDMA transport yet.
-        tracing::info!(target: "mooncake_connector", "mooncake_protocol \"rdma\": no RDMA transport available, using TCP");
+        // back to TCP otherwise. The engine has an RDMA transport now
+        // (mooncake::Protocol::Auto would do exactly that), but the connector
+        // keeps TCP until RDMA has run on real NICs with GPU memory.
+        tracing::info!(target: "mooncake_connector", "mooncake_protocol \"rdma\": the connector uses TCP (RDMA not enabled in the connector yet)");
     }
     Ok(Engine::builder()
         .local_host(env.host_ip.clone())

@@ -135,6 +135,17 @@ int mc_engine_gpu_registration_mode(transfer_engine_t engine, int32_t *mode);
 int mc_engine_device_filters(transfer_engine_t engine, char *allow, size_t allow_len, char *deny,
                              size_t deny_len);
 
+/* The RDMA transport's discovered topology as JSON, NUL-terminated:
+ * {"devices":[{"name","link_layer","numa_node","usable","gid","lid"}...],
+ *  "priority_matrix":{"<location>":[[preferred...],[available...]]}}.
+ * *needed as for mc_engine_segment_name. MC_ERR_INVALID_ARGUMENT when the
+ * engine has no RDMA transport installed. */
+int mc_engine_rdma_topology(transfer_engine_t engine, char *buf, size_t len, size_t *needed);
+/* Per-NIC RDMA counters as JSON, NUL-terminated: [{"name","link_layer",
+ * "numa_node","usable","work_requests","bytes","errors","retries"}...].
+ * Same conventions as mc_engine_rdma_topology. */
+int mc_engine_rdma_counters(transfer_engine_t engine, char *buf, size_t len, size_t *needed);
+
 /* Location of the local registered buffer holding `addr` ("cuda:<device>",
  * "cpu:<numa node>", or what the caller passed), NUL-terminated. */
 int mc_memory_location(transfer_engine_t engine, const void *addr, char *buf, size_t len);

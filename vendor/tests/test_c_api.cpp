@@ -1,5 +1,6 @@
 // The upstream-named entry points: construction, transports, and the calls
 // that report what this engine cannot do yet.
+#include <cstdlib>
 #include <cstring>
 
 #include "engine_fixture.h"
@@ -18,9 +19,20 @@ TEST(capi_create_with_upstream_signature) {
     CHECK_EQ(getLocalIpAndPort(e, tiny, sizeof tiny), 0);
     CHECK_EQ(std::string(tiny), std::string("127."));
     CHECK(installTransport(e, "tcp", nullptr) != nullptr);  // already installed: same one
-    CHECK(installTransport(e, "rdma", nullptr) == nullptr);
+    CHECK(installTransport(e, "efa", nullptr) == nullptr);
     CHECK(std::string(mc_last_error_message()).find("not implemented") != std::string::npos);
     CHECK_EQ(mc_last_error_code(), ERR_NOT_IMPLEMENTED);
+    {
+        // RDMA without a loadable verbs library: a clear error, no exception.
+        const char *old = std::getenv("MC_VERBS_LIBRARY");
+        std::string saved = old ? old : "";
+        setenv("MC_VERBS_LIBRARY", "/nonexistent/libibverbs.so.1", 1);
+        CHECK(installTransport(e, "rdma", nullptr) == nullptr);
+        CHECK(std::string(mc_last_error_message()).find("/nonexistent/libibverbs.so.1") != std::string::npos);
+        CHECK(mc_last_error_code() != 0);
+        if (old) setenv("MC_VERBS_LIBRARY", saved.c_str(), 1);
+        else unsetenv("MC_VERBS_LIBRARY");
+    }
     CHECK_EQ(discoverTopology(e), ERR_NOT_IMPLEMENTED);
     CHECK_EQ(uninstallTransport(e, "tcp"), ERR_NOT_IMPLEMENTED);
     CHECK_EQ(showLinks(e, buf, sizeof buf, 1), ERR_NOT_IMPLEMENTED);

@@ -270,6 +270,54 @@ impl RawEngine {
         check(unsafe { sys::mc_segment_probe(self.handle(), id) })
     }
 
+    /// Installs a transport ("tcp", "rdma"); idempotent.
+    pub(crate) fn install_transport(&self, proto: &str) -> Result<()> {
+        let p = OwnedCString::new("protocol", proto)?;
+        // SAFETY: `p` is a live NUL-terminated string; `args` may be NULL.
+        let t = unsafe { sys::installTransport(self.handle(), p.as_ptr(), std::ptr::null_mut()) };
+        if t.is_null() {
+            Err(last_error(sys::ERR_INVALID_ARGUMENT))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A JSON text from one of the `mc_engine_rdma_*` functions, retried
+    /// once with the size the engine asked for.
+    fn rdma_json(
+        &self,
+        f: unsafe extern "C" fn(sys::transfer_engine_t, *mut c_char, usize, *mut usize) -> c_int,
+    ) -> Result<String> {
+        let mut buf = vec![0 as c_char; 16384];
+        for _ in 0..2 {
+            let mut needed = 0usize;
+            // SAFETY: `buf` is writable for its length; the engine
+            // NUL-terminates on success and only reports the size otherwise.
+            let rc = unsafe { f(self.handle(), buf.as_mut_ptr(), buf.len(), &mut needed) };
+            if rc == 0 {
+                // SAFETY: the call succeeded, so `buf` holds a NUL-terminated string.
+                return Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned());
+            }
+            if needed < buf.len() {
+                // Not a size problem: report the engine's error.
+                check(rc)?;
+                return Ok(String::new());
+            }
+            buf = vec![0 as c_char; needed + 1];
+        }
+        Err(last_error(sys::ERR_INVALID_ARGUMENT))
+    }
+
+    pub(crate) fn rdma_topology(&self) -> Result<String> {
+        self.rdma_json(sys::mc_engine_rdma_topology)
+    }
+
+    pub(crate) fn rdma_counters(&self) -> Result<String> {
+        self.rdma_json(sys::mc_engine_rdma_counters)
+    }
+
     pub(crate) fn counters(&self) -> Result<sys::mc_engine_counters_t> {
         let mut out = sys::mc_engine_counters_t::default();
         // SAFETY: `out` is a writable struct of the declared layout.

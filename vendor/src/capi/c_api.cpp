@@ -15,6 +15,7 @@ using namespace mcrs;
 namespace {
 // installTransport returns an opaque, stable, non-null token per protocol.
 char g_tcp_transport_token;
+char g_rdma_transport_token;
 
 std::string str_or(const char *s, const char *dflt) { return s ? std::string(s) : std::string(dflt); }
 }  // namespace
@@ -69,12 +70,14 @@ int getLocalIpAndPort(transfer_engine_t engine, char *buf_out, size_t buf_len) {
 }
 
 transport_t installTransport(transfer_engine_t engine, const char *proto, void **args) {
-    (void)args;  // args[0]: an RDMA priority matrix; unused by TCP
+    // args[0]: an RDMA priority matrix (JSON); not used yet (the matrix
+    // comes from discovery or MC_CUSTOM_TOPO_JSON).
+    (void)args;
     return guard_value<transport_t>("installTransport", nullptr, [&]() -> transport_t {
         TransferEngine *e = engine_of(engine, "installTransport");
         if (!proto) throw Error(kErrInvalidArgument, "protocol is null");
         e->install_transport(proto);
-        return &g_tcp_transport_token;
+        return std::string(proto) == "rdma" ? &g_rdma_transport_token : &g_tcp_transport_token;
     });
 }
 

@@ -17,6 +17,7 @@
 #include "transfer_engine_c.h"
 #include "gpu/gpu.h"
 #include "transport/ipc/ipc_transport.h"
+#include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_client.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
@@ -84,10 +85,8 @@ TransferEngine::TransferEngine(EngineConfig cfg)
     handshake_ = std::make_unique<HandshakeServer>(
         std::move(hs), ho,
         [this](uint8_t t, const Json &req, Json &reply) { return handle_handshake(t, req, reply); });
-    if (cfg_.protocols & kProtoRdma)
-        throw Error(kErrNotImplemented,
-                    "the RDMA transport is not implemented yet; use the TCP protocol");
     if (cfg_.protocols & kProtoTcp) install_transport("tcp");
+    if (cfg_.protocols & kProtoRdma) install_transport("rdma");
     host_id_ = read_host_id();
     if (cfg_.enable_cuda_ipc && gpu::build_major() != 0) ipc_ = std::make_unique<IpcTransport>(2);
     handshake_->start();
@@ -104,14 +103,38 @@ TransferEngine::~TransferEngine() {
     if (ipc_) ipc_->stop();
     if (tcp_client_) tcp_client_->stop();
     if (tcp_server_) tcp_server_->stop();
+    // Flushes RDMA work in flight (fails it) and deregisters every MR.
+    rdma_installed_.store(false);
+    rdma_.reset();
     batches_.clear();
     registry_.clear();
 }
 
 void TransferEngine::install_transport(const std::string &proto) {
+    if (proto == "rdma") {
+        std::lock_guard<std::mutex> g(install_mu_);
+        if (rdma_installed_.load()) return;
+        rdma::RdmaTransportOptions o;
+        o.server_name = segment_name_;
+        o.allow = cfg_.device_allow_list;
+        o.deny = cfg_.device_deny_list;
+        o.gpu_mode = cfg_.gpu_registration_mode;
+        HandshakeClientOptions ho = client_options(cfg_);
+        o.send_handshake = [ho](const std::string &segment, const Json &body) {
+            HostPort hp = parse_host_port(segment);
+            return handshake_request(hp.host, hp.port, kHsConnection, body, ho);
+        };
+        auto t = std::make_unique<rdma::RdmaTransport>(std::move(o));
+        // Memory registered before the transport came: register it now.
+        for (const auto &r : registry_.snapshot(/*remote_only=*/false))
+            t->register_region(r.addr, r.length, r.device, r.remote_accessible);
+        rdma_ = std::move(t);
+        rdma_installed_.store(true);
+        return;
+    }
     if (proto != "tcp")
         throw Error(kErrNotImplemented,
-                    "transport '" + proto + "' is not implemented yet (only 'tcp' is)");
+                    "transport '" + proto + "' is not implemented (only 'tcp' and 'rdma' are)");
     std::lock_guard<std::mutex> g(install_mu_);
     if (tcp_installed_.load()) return;
     std::string err;
@@ -171,12 +194,19 @@ SegmentDesc TransferEngine::local_descriptor() const {
         }
         d.buffers.push_back(std::move(b));
     }
+    // RDMA: protocol "rdma", devices[], lkey/rkey, priority_matrix; the TCP
+    // keys stay so TCP-only peers can still use this segment.
+    if (auto *t = rdma()) t->fill_descriptor(d);
     return d;
 }
 
 bool TransferEngine::handle_handshake(uint8_t type, const Json &req, Json &reply) {
     switch (type) {
         case kHsConnection: {
+            if (auto *t = rdma()) {
+                reply = t->handle_connection(req);
+                return true;
+            }
             // TCP only: answer like an upstream TCP engine, with an empty
             // endpoint description.
             reply = Json::object();
@@ -259,16 +289,39 @@ void TransferEngine::register_memory(void *addr, size_t len, const std::string &
     RegionInfo r{reinterpret_cast<uint64_t>(addr), len, remote, location};
     describe_region(r);
     registry_.add_batch({r});
+    if (auto *t = rdma()) {
+        try {
+            t->register_region(r.addr, r.length, r.device, r.remote_accessible);
+        } catch (...) {
+            registry_.remove(r.addr);
+            throw;
+        }
+    }
 }
 
 void TransferEngine::register_memory_batch(const std::vector<RegionInfo> &regions) {
     std::vector<RegionInfo> rs = regions;
     for (auto &r : rs) describe_region(r);
     registry_.add_batch(rs);
+    if (auto *t = rdma()) {
+        size_t done = 0;
+        try {
+            for (; done < rs.size(); ++done)
+                t->register_region(rs[done].addr, rs[done].length, rs[done].device,
+                                   rs[done].remote_accessible);
+        } catch (...) {
+            for (size_t i = 0; i < done; ++i) t->deregister_region(rs[i].addr);
+            for (auto &r : rs) registry_.remove(r.addr);
+            throw;
+        }
+    }
 }
 
 void TransferEngine::unregister_memory(void *addr) {
+    // The registry waits for pins (transfers in flight) before removing;
+    // only then are the MRs released.
     registry_.remove(reinterpret_cast<uint64_t>(addr));
+    if (auto *t = rdma()) t->deregister_region(reinterpret_cast<uint64_t>(addr));
 }
 
 int32_t TransferEngine::open_segment(const std::string &raw, bool no_cache) {
@@ -359,14 +412,15 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
                 throw StatusError(kStatusInvalidArgument,
                                   where + "unknown segment id " + std::to_string(r.target_id) +
                                       " (open the segment first)");
-            if (d->protocol != "tcp")
+            bool via_rdma = d->protocol == "rdma" && rdma() != nullptr;
+            if (!via_rdma && d->protocol != "tcp" && !(d->protocol == "rdma" && d->tcp_data_port != 0))
                 throw StatusError(kStatusNotSupportedTransport,
                                   where + "segment '" + d->name + "' uses protocol '" + d->protocol +
                                       "', which this engine has not installed");
-            if (!tcp_installed_.load())
+            if (!via_rdma && !tcp_installed_.load())
                 throw StatusError(kStatusNotSupportedTransport,
                                   where + "the TCP transport is not installed");
-            if (d->tcp_data_port == 0)
+            if (!via_rdma && d->tcp_data_port == 0)
                 throw StatusError(kStatusInvalidArgument,
                                   where + "segment '" + d->name + "' advertises no TCP data port");
             descs.emplace(r.target_id, std::move(d));
@@ -406,6 +460,10 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
         }
         auto desc = descs.at(kv.first);
         const SegmentDesc &d = *desc;
+        if (d.protocol == "rdma" && rdma()) {
+            rdma()->submit(d, kv.second);
+            continue;
+        }
         // Same host, another process, and the target buffer has a CUDA IPC
         // handle: copy engines instead of the network.
         if (ipc_ && !d.host_id.empty() && d.host_id == host_id_ && d.pid != static_cast<int64_t>(getpid())) {

@@ -24,6 +24,9 @@ class HandshakeServer;
 class TcpServer;
 class TcpClient;
 class IpcTransport;
+namespace rdma {
+class RdmaTransport;
+}
 
 class TransferEngine {
 public:
@@ -40,9 +43,13 @@ public:
     uint16_t rpc_port() const { return rpc_port_; }
     uint16_t tcp_data_port() const { return tcp_port_; }
 
-    // Installs "tcp" (other protocols: kErrNotImplemented). Idempotent.
+    // Installs "tcp" or "rdma" (others: kErrNotImplemented). Idempotent.
+    // "rdma" throws Error when no usable NIC / verbs library is found.
     void install_transport(const std::string &proto);
     bool has_tcp() const { return tcp_installed_.load(); }
+    bool has_rdma() const { return rdma_installed_.load(); }
+    // The RDMA transport, or null when not installed.
+    rdma::RdmaTransport *rdma() const { return rdma_installed_.load() ? rdma_.get() : nullptr; }
 
     // Memory.
     void register_memory(void *addr, size_t len, const std::string &location, bool remote);
@@ -117,6 +124,8 @@ private:
 
     std::mutex install_mu_;
     std::atomic<bool> tcp_installed_{false};
+    std::atomic<bool> rdma_installed_{false};
+    std::unique_ptr<rdma::RdmaTransport> rdma_;
     std::atomic<bool> graceful_{false};
     std::unique_ptr<TcpServer> tcp_server_;
     std::unique_ptr<TcpClient> tcp_client_;
