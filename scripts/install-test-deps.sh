@@ -9,8 +9,12 @@
 #    for interop tests;
 #  - the CUDA 12 and 13 runtimes from PyPI in .cuda/ (headers and
 #    libcudart_static.a), for the cuda12/cuda13 builds (no toolkit needed).
+# With --upstream-only: only what the upstream wheel needs (libibverbs1,
+# libnuma1 and the venv), as scripts/perf-compare.sh uses it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+UPSTREAM_ONLY=0
+[ "${1:-}" = "--upstream-only" ] && UPSTREAM_ONLY=1
 
 UPSTREAM_PKG="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 # vLLM's side channel, for the connector interop tests.
@@ -18,7 +22,9 @@ SIDE_PKGS=(pyzmq msgspec)
 VENV=.venv-upstream
 
 need_apt=()
-for pkg in libibverbs1 libibverbs-dev libnuma1 libclang-dev; do
+APT_PKGS=(libibverbs1 libibverbs-dev libnuma1 libclang-dev)
+[ "$UPSTREAM_ONLY" = 1 ] && APT_PKGS=(libibverbs1 libnuma1)
+for pkg in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -46,4 +52,4 @@ else
   }
 fi
 
-scripts/install-cuda-runtimes.sh
+[ "$UPSTREAM_ONLY" = 1 ] || scripts/install-cuda-runtimes.sh

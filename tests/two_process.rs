@@ -15,6 +15,57 @@ fn ours_to_ours_across_processes() {
 }
 
 #[test]
+fn ours_to_ours_across_processes_over_tcp() {
+    let off = ["--same-host", "off"];
+    let mut target = PeerProc::spawn_with(Kind::Ours, 16 << 20, 53, &off);
+    let mut init = PeerProc::spawn_with(Kind::Ours, 16 << 20, 54, &off);
+    cross_scenario(&mut init, &mut target, 53);
+}
+
+#[test]
+fn same_host_path_between_processes_and_its_switch() {
+    use mooncake_connector::testkit::{check_pattern, fill_pattern};
+    let mut target = PeerProc::spawn(Kind::Ours, 16 << 20, 65);
+    for on in [true, false] {
+        let engine = Engine::builder().same_host_path(on).build().unwrap();
+        let mut local = engine
+            .register(HostBuffer::new(16 << 20).unwrap(), "*", Access::LocalOnly)
+            .unwrap();
+        let seg = engine.open_segment(&target.segment).unwrap();
+        let mut b = engine.batch(1).unwrap();
+        b.read(&local, 0, &seg, target.addr, 16 << 20).unwrap();
+        b.submit().unwrap();
+        b.wait(None).unwrap();
+        drop(b);
+        assert_eq!(check_pattern(&local.to_vec(), 65, 0), None);
+        // 256 scattered 4 KiB WRITEs of another pattern.
+        fill_pattern(local.local_slice_mut(None).unwrap(), 66, 0);
+        let mut b = engine.batch(256).unwrap();
+        for i in 0..256usize {
+            b.write(
+                &local,
+                i * 4096,
+                &seg,
+                target.addr + (i * 4096) as u64,
+                4096,
+            )
+            .unwrap();
+        }
+        b.submit().unwrap();
+        b.wait(None).unwrap();
+        drop(b);
+        target.ok("check 0 1048576 66 0");
+        target.ok("fill 0 1048576 65");
+        let c = engine.counters().unwrap();
+        if on {
+            assert_eq!((c.same_host_requests, c.tcp_requests_sent), (257, 0));
+        } else {
+            assert_eq!((c.same_host_requests, c.tcp_requests_sent), (0, 257));
+        }
+    }
+}
+
+#[test]
 fn in_process_engine_and_peer_process_64_mib() {
     use mooncake_connector::testkit::check_pattern;
     let mut target = PeerProc::spawn(Kind::Ours, 64 << 20, 61);

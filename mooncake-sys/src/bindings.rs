@@ -102,6 +102,7 @@ pub struct mc_engine_config {
     pub metadata_cache: u32,
     pub enable_cuda_ipc: u32,
     pub handshake_max_length: u64,
+    pub enable_same_host: u32,
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -117,6 +118,8 @@ pub struct mc_engine_counters {
     pub tcp_requests_rejected: u64,
     pub ipc_copies: u64,
     pub local_copies: u64,
+    pub same_host_requests: u64,
+    pub same_host_served: u64,
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -298,7 +301,7 @@ const _: () = {
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of mc_engine_config"][::core::mem::size_of::<mc_engine_config>() - 104usize];
+    ["Size of mc_engine_config"][::core::mem::size_of::<mc_engine_config>() - 112usize];
     ["Alignment of mc_engine_config"][::core::mem::align_of::<mc_engine_config>() - 8usize];
     ["Offset of field: mc_engine_config::struct_size"]
         [::core::mem::offset_of!(mc_engine_config, struct_size) - 0usize];
@@ -344,6 +347,8 @@ const _: () = {
         [::core::mem::offset_of!(mc_engine_config, enable_cuda_ipc) - 92usize];
     ["Offset of field: mc_engine_config::handshake_max_length"]
         [::core::mem::offset_of!(mc_engine_config, handshake_max_length) - 96usize];
+    ["Offset of field: mc_engine_config::enable_same_host"]
+        [::core::mem::offset_of!(mc_engine_config, enable_same_host) - 104usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -356,7 +361,7 @@ const _: () = {
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of mc_engine_counters"][::core::mem::size_of::<mc_engine_counters>() - 40usize];
+    ["Size of mc_engine_counters"][::core::mem::size_of::<mc_engine_counters>() - 56usize];
     ["Alignment of mc_engine_counters"][::core::mem::align_of::<mc_engine_counters>() - 8usize];
     ["Offset of field: mc_engine_counters::tcp_requests_sent"]
         [::core::mem::offset_of!(mc_engine_counters, tcp_requests_sent) - 0usize];
@@ -368,6 +373,10 @@ const _: () = {
         [::core::mem::offset_of!(mc_engine_counters, ipc_copies) - 24usize];
     ["Offset of field: mc_engine_counters::local_copies"]
         [::core::mem::offset_of!(mc_engine_counters, local_copies) - 32usize];
+    ["Offset of field: mc_engine_counters::same_host_requests"]
+        [::core::mem::offset_of!(mc_engine_counters, same_host_requests) - 40usize];
+    ["Offset of field: mc_engine_counters::same_host_served"]
+        [::core::mem::offset_of!(mc_engine_counters, same_host_served) - 48usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -682,6 +691,7 @@ unsafe extern "C" {
         batch_id: u64,
         timeout_ms: i64,
     ) -> ::core::ffi::c_int;
+    pub fn mc_batch_reset(engine: transfer_engine_t, batch_id: u64) -> ::core::ffi::c_int;
     pub fn mc_batch_status(
         engine: transfer_engine_t,
         batch_id: u64,

@@ -56,7 +56,9 @@ fn rust_layout() -> BTreeMap<(String, String), (usize, usize)> {
         tcp_requests_served,
         tcp_requests_rejected,
         ipc_copies,
-        local_copies
+        local_copies,
+        same_host_requests,
+        same_host_served
     );
     layout!(
         m,
@@ -92,7 +94,8 @@ fn rust_layout() -> BTreeMap<(String, String), (usize, usize)> {
         tcp_proto_version,
         metadata_cache,
         enable_cuda_ipc,
-        handshake_max_length
+        handshake_max_length,
+        enable_same_host
     );
     m
 }

@@ -84,6 +84,8 @@ pub struct Batch<'r> {
     capacity: usize,
     queued: RequestBuf,
     submitted: usize,
+    // Every submitted request has been seen terminal by a wait.
+    settled: bool,
     statuses: Vec<sys::transfer_status>,
     // Local memory whose queued GPU work must finish before the submit.
     prepare: Vec<&'r dyn LocalMemory>,
@@ -111,6 +113,7 @@ impl<'r> Batch<'r> {
             // waiting allocate nothing.
             queued: RequestBuf(Vec::with_capacity(capacity)),
             submitted: 0,
+            settled: false,
             statuses: vec![sys::transfer_status::default(); capacity],
             prepare: Vec::new(),
             _borrows: PhantomData,
@@ -267,7 +270,27 @@ impl<'r> Batch<'r> {
             .raw
             .submit(self.id, &mut self.queued.0, notify)?;
         self.submitted += n;
+        self.settled = false;
         self.queued.0.clear();
+        Ok(())
+    }
+
+    /// Empties the batch for another round of requests: same capacity, no
+    /// allocation (in Rust or in the engine), so a loop of
+    /// queue → [`submit`](Self::submit) → [`wait`](Self::wait) → `reset`
+    /// allocates nothing per transfer. Requests still in flight are waited
+    /// for first (as on drop); queued ones are dropped.
+    pub fn reset(&mut self) -> Result<()> {
+        if self.submitted > 0 {
+            if !self.settled {
+                self.engine.raw.wait_batch(self.id, None)?;
+            }
+            self.engine.raw.reset_batch(self.id)?;
+        }
+        self.submitted = 0;
+        self.settled = false;
+        self.queued.0.clear();
+        self.prepare.clear();
         Ok(())
     }
 
@@ -284,6 +307,8 @@ impl<'r> Batch<'r> {
         if !self.engine.raw.wait_batch(self.id, timeout)? {
             return Err(Error::Timeout(timeout.unwrap_or_default()));
         }
+        // A completed wait marks every task observed (so reset may reuse it).
+        self.settled = true;
         let total = self.engine.raw.batch_status(self.id, &mut self.statuses)?;
         let total = total.min(self.statuses.len());
         let mut failed = 0usize;

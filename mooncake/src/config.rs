@@ -100,6 +100,7 @@ pub struct EngineBuilder {
     tcp_pipeline_depth: Option<u32>,
     tcp_version: Option<TcpVersion>,
     metadata_cache: Option<bool>,
+    same_host_path: Option<bool>,
     device_allow_list: Option<String>,
     device_deny_list: Option<String>,
     gpu_registration: GpuRegistration,
@@ -123,6 +124,7 @@ impl Default for EngineBuilder {
             tcp_pipeline_depth: None,
             tcp_version: None,
             metadata_cache: None,
+            same_host_path: None,
             device_allow_list: None,
             device_deny_list: None,
             gpu_registration: GpuRegistration::FromEnv,
@@ -241,6 +243,20 @@ impl EngineBuilder {
         self
     }
 
+    /// The same-host CPU path (default on, or off with
+    /// `MC_DISABLE_SAME_HOST_PATH`): when a peer engine runs in another
+    /// process of this host, host memory moves by cross-memory attach
+    /// (`process_vm_readv`/`process_vm_writev`, one copy, no TCP payload)
+    /// once the target has verified the initiator's process with a
+    /// challenge. Upstream peers never advertise it and get plain TCP; so
+    /// do peers where the kernel refuses it (ptrace restrictions, another
+    /// user, another PID namespace or host). Off: this engine neither uses
+    /// nor offers it.
+    pub fn same_host_path(mut self, on: bool) -> Self {
+        self.same_host_path = Some(on);
+        self
+    }
+
     /// RDMA devices the engine may use, e.g. `["mlx5_0", "mlx5_1"]` (the
     /// connector's `device_name`; default: `MC_TE_FILTERS`, else all).
     pub fn device_allow_list<S: AsRef<str>>(
@@ -324,6 +340,9 @@ impl EngineBuilder {
         }
         if let Some(on) = self.metadata_cache {
             cfg.metadata_cache = u32::from(on);
+        }
+        if let Some(on) = self.same_host_path {
+            cfg.enable_same_host = u32::from(on);
         }
         let allow = self
             .device_allow_list

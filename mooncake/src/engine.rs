@@ -147,6 +147,8 @@ impl Engine {
             tcp_requests_rejected: c.tcp_requests_rejected,
             ipc_copies: c.ipc_copies,
             local_copies: c.local_copies,
+            same_host_requests: c.same_host_requests,
+            same_host_served: c.same_host_served,
         })
     }
 
@@ -229,4 +231,9 @@ pub struct EngineCounters {
     pub ipc_copies: u64,
     /// Requests to its own segment, copied in place.
     pub local_copies: u64,
+    /// Requests it moved by the same-host CPU path as initiator (see
+    /// [`EngineBuilder::same_host_path`](crate::EngineBuilder::same_host_path)).
+    pub same_host_requests: u64,
+    /// Same-host copies it performed for peers as target.
+    pub same_host_served: u64,
 }

@@ -6,11 +6,19 @@ use std::time::Duration;
 
 use mooncake::{Engine, HostBuffer};
 
+/// An engine on 127.0.0.1 that moves data over TCP (the same-host path is
+/// off, so that two engines of one test process exercise the network).
 pub fn engine() -> Engine {
+    engine_with(false)
+}
+
+/// An engine on 127.0.0.1; `same_host` switches the same-host path.
+pub fn engine_with(same_host: bool) -> Engine {
     Engine::builder()
         .local_host("127.0.0.1")
         .tcp_progress_timeout(Duration::from_secs(5))
         .handshake_timeout(Duration::from_secs(5))
+        .same_host_path(same_host)
         .build()
         .expect("engine on 127.0.0.1")
 }

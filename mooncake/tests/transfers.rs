@@ -2,7 +2,7 @@
 //! verified byte by byte.
 mod common;
 
-use common::{engine, first_mismatch, pattern_byte, patterned};
+use common::{engine, engine_with, first_mismatch, pattern_byte, patterned};
 use mooncake::{Access, HostBuffer, LocalMemory, TaskStatus};
 
 const MIB: usize = 1 << 20;
@@ -280,4 +280,81 @@ fn engine_settings_reach_the_engine() {
         let d = Engine::builder().build().unwrap();
         assert_eq!(d.gpu_registration().unwrap(), GpuRegistration::PeerMem);
     }
+}
+
+#[test]
+fn same_host_path_moves_bytes_and_can_be_switched_off() {
+    for (target_on, init_on) in [(true, true), (true, false), (false, true)] {
+        let target = engine_with(target_on);
+        let init = engine_with(init_on);
+        let published = target
+            .register(patterned(4 * MIB, 7), "*", Access::RemoteAccessible)
+            .unwrap();
+        let mut local = init
+            .register(HostBuffer::new(4 * MIB).unwrap(), "*", Access::LocalOnly)
+            .unwrap();
+        let seg = init.open_segment(target.segment_name()).unwrap();
+        let base = seg.buffers().unwrap()[0].addr;
+        let mut b = init.batch(2).unwrap();
+        b.read(&local, 0, &seg, base + 3, MIB).unwrap();
+        b.write(&local, 2 * MIB, &seg, base + 2 * MIB as u64, MIB)
+            .unwrap();
+        b.submit().unwrap();
+        b.wait(None).unwrap();
+        drop(b);
+        let got = local.local_slice_mut(None).unwrap();
+        assert_eq!(first_mismatch(&got[..MIB], 7, 3), None);
+        let mut back = vec![0u8; MIB];
+        published.read_at(2 * MIB, &mut back).unwrap();
+        assert_eq!(back, got[2 * MIB..3 * MIB]);
+        let c = init.counters().unwrap();
+        if target_on && init_on {
+            assert_eq!((c.same_host_requests, c.tcp_requests_sent), (2, 0));
+            assert_eq!(target.counters().unwrap().same_host_served, 2);
+        } else {
+            assert_eq!((c.same_host_requests, c.tcp_requests_sent), (0, 2));
+        }
+    }
+}
+
+#[test]
+fn a_reset_batch_is_reused_round_after_round() {
+    let target = engine_with(true);
+    let init = engine_with(true);
+    let _published = target
+        .register(patterned(MIB, 9), "*", Access::RemoteAccessible)
+        .unwrap();
+    let mut local = init
+        .register(HostBuffer::new(MIB).unwrap(), "*", Access::LocalOnly)
+        .unwrap();
+    let seg = init.open_segment(target.segment_name()).unwrap();
+    let base = seg.buffers().unwrap()[0].addr;
+    {
+        let mut b = init.batch(8).unwrap();
+        for round in 0..50usize {
+            for i in 0..8usize {
+                let off = (round * 8 + i) % 256 * 4096;
+                b.read(&local, off, &seg, base + off as u64, 4096).unwrap();
+            }
+            assert_eq!(b.queued(), 8);
+            b.submit().unwrap();
+            if round % 2 == 0 {
+                b.wait(None).unwrap();
+            }
+            // Without a wait, reset waits for the transfers itself.
+            b.reset().unwrap();
+            assert_eq!((b.submitted(), b.queued()), (0, 0));
+        }
+        // Queued, never submitted requests are dropped by a reset.
+        b.read(&local, 0, &seg, base, 4096).unwrap();
+        b.reset().unwrap();
+        assert_eq!(b.queued(), 0);
+        // The batch still holds its full capacity.
+        for i in 0..8u64 {
+            b.read(&local, 0, &seg, base + i * 4096, 4096).unwrap();
+        }
+        assert!(b.read(&local, 0, &seg, base, 4096).is_err());
+    }
+    let got = local.local_slice_mut(None).unwrap();
+    assert_eq!(first_mismatch(got, 9, 0), None);
 }

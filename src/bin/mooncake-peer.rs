@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! mooncake-peer [--size BYTES] [--seed N] [--local-host HOST]
-//!               [--progress-timeout-ms MS]
+//!               [--progress-timeout-ms MS] [--same-host on|off]
 //! ```
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -20,6 +20,7 @@ struct Args {
     seed: u64,
     local_host: String,
     progress_timeout_ms: u64,
+    same_host: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -28,6 +29,7 @@ fn parse_args() -> Result<Args, String> {
         seed: 1,
         local_host: "127.0.0.1".into(),
         progress_timeout_ms: 5000,
+        same_host: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -39,10 +41,17 @@ fn parse_args() -> Result<Args, String> {
             "--progress-timeout-ms" => {
                 a.progress_timeout_ms = val()?.parse().map_err(|_| "bad --progress-timeout-ms")?
             }
+            "--same-host" => {
+                a.same_host = match val()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err("--same-host takes on or off".into()),
+                }
+            }
             "-h" | "--help" => {
                 return Err(
                     "usage: mooncake-peer [--size BYTES] [--seed N] [--local-host HOST] \
-                            [--progress-timeout-ms MS]"
+                            [--progress-timeout-ms MS] [--same-host on|off]"
                         .into(),
                 )
             }
@@ -151,6 +160,7 @@ fn main() {
     let engine = Engine::builder()
         .local_host(args.local_host.clone())
         .tcp_progress_timeout(Duration::from_millis(args.progress_timeout_ms))
+        .same_host_path(args.same_host)
         .build()
         .unwrap_or_else(|e| {
             eprintln!("mooncake-peer: cannot start the engine: {e}");

@@ -61,6 +61,11 @@ impl PeerProc {
     }
 
     pub fn spawn_with(kind: Kind, size: usize, seed: u64, extra: &[&str]) -> Self {
+        Self::spawn_as(kind, size, seed, extra, None)
+    }
+
+    /// Like `spawn_with`, as user `uid` when given (needs root).
+    pub fn spawn_as(kind: Kind, size: usize, seed: u64, extra: &[&str], uid: Option<u32>) -> Self {
         let mut cmd = match kind {
             Kind::Ours => Command::new(env!("CARGO_BIN_EXE_mooncake-peer")),
             Kind::Upstream => {
@@ -79,6 +84,10 @@ impl PeerProc {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
+        }
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawning the {kind:?} peer: {e}"));

@@ -102,6 +102,12 @@ typedef struct mc_engine_config {
     uint32_t metadata_cache;         /* 1 = cache remote descriptors */
     uint32_t enable_cuda_ipc;        /* 1 = same-host GPU path (CUDA IPC) */
     uint64_t handshake_max_length;
+    /* 1 = same-host CPU path: peers in another process on this host move
+     * host memory by cross-memory attach (process_vm_readv/writev) instead
+     * of TCP payload, after proving who they are (protocol and trust model:
+     * docs/perf-notes.md); falls back to TCP when not permitted. 0 = TCP
+     * only, as initiator and as target (MC_DISABLE_SAME_HOST_PATH). */
+    uint32_t enable_same_host;
 } mc_engine_config_t;
 
 int mc_engine_config_default(mc_engine_config_t *cfg);
@@ -172,6 +178,11 @@ int mc_wait_region_idle(transfer_engine_t engine, void *addr, int64_t timeout_ms
  * timeout_ms < 0 waits forever. 0 when done, MC_ERR_TIMEOUT otherwise.
  * Tasks seen terminal count as observed (for freeBatchID). */
 int mc_batch_wait(transfer_engine_t engine, batch_id_t batch_id, int64_t timeout_ms);
+/* Empties a batch for reuse (same id, same capacity) once every submitted
+ * task has been seen terminal (after mc_batch_wait or statuses). Returns
+ * MC_STATUS_OK, or MC_STATUS_BATCH_BUSY / MC_STATUS_INVALID_ARGUMENT like
+ * freeBatchID. Reusing a batch allocates nothing. */
+int mc_batch_reset(transfer_engine_t engine, batch_id_t batch_id);
 /* Statuses of the first `cap` tasks into `out`; *count = tasks submitted. */
 int mc_batch_status(transfer_engine_t engine, batch_id_t batch_id,
                     struct transfer_status *out, size_t cap, size_t *count);
@@ -186,6 +197,8 @@ typedef struct mc_engine_counters {
     uint64_t tcp_requests_rejected; /* as target: outside every buffer */
     uint64_t ipc_copies;            /* same-host GPU path, as initiator */
     uint64_t local_copies;          /* LOCAL_SEGMENT transfers */
+    uint64_t same_host_requests;    /* as initiator: moved by the same-host CPU path */
+    uint64_t same_host_served;      /* as target: same-host copies done for peers */
 } mc_engine_counters_t;
 int mc_engine_get_counters(transfer_engine_t engine, mc_engine_counters_t *out);
 

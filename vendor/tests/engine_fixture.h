@@ -22,6 +22,9 @@ struct EngineOptions {
     uint32_t progress_timeout_ms = 3000;
     uint32_t proto_version = 2;
     uint32_t lanes = 4;
+    // The same-host path: off by default here, so that two engines of one
+    // test process exercise TCP; test_same_host.cpp turns it on.
+    bool same_host = false;
 };
 
 inline transfer_engine_t make_engine(const EngineOptions &o = {}) {
@@ -33,6 +36,7 @@ inline transfer_engine_t make_engine(const EngineOptions &o = {}) {
     c.tcp_proto_version = o.proto_version;
     c.tcp_lanes_per_peer = o.lanes;
     c.handshake_timeout_ms = 3000;
+    c.enable_same_host = o.same_host ? 1 : 0;
     transfer_engine_t e = mc_engine_create(&c);
     if (!e) std::fprintf(stderr, "mc_engine_create: %s\n", mc_last_error_message());
     return e;

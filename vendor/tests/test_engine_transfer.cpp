@@ -249,3 +249,29 @@ TEST(engine_memory_location_of_registered_buffers) {
     CHECK_EQ(mc_memory_location(e, a.data(), loc, 2), MC_ERR_BUFFER_TOO_SMALL);
     destroyTransferEngine(e);
 }
+
+TEST(engine_mixed_big_reads_and_writes_on_one_lane_do_not_stall) {
+    // One connection, runs that mix READs (whose data the target must send
+    // back) with WRITEs (whose payload we are still sending): neither side
+    // may wait for the other to finish first. Progress timeout 3 s.
+    EngineOptions o;
+    o.lanes = 1;
+    Pair p(64u << 20, o);
+    fill_random(p.tmem, 11);
+    fill_random(p.imem, 12);
+    for (size_t block : {size_t(128) << 10, size_t(512) << 10}) {
+        std::vector<transfer_request> reqs;
+        const size_t n = (32u << 20) / block;
+        for (size_t i = 0; i < n; ++i) {
+            size_t off = i * block;
+            reqs.push_back(p.req(i % 2 ? OPCODE_WRITE : OPCODE_READ, off, (i % 2 ? (32u << 20) : 0) + off, block));
+        }
+        auto st = run_batch(p.init, reqs, 20000);
+        REQUIRE_EQ(st.size(), n);
+        for (int s : st) CHECK_EQ(s, STATUS_COMPLETED);
+        for (size_t i = 0; i < n; i += 2)
+            CHECK(std::memcmp(p.imem.data() + i * block, p.tmem.data() + i * block, block) == 0);
+        for (size_t i = 1; i < n; i += 2)
+            CHECK(std::memcmp(p.tmem.data() + (32u << 20) + i * block, p.imem.data() + i * block, block) == 0);
+    }
+}

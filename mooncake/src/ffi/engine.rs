@@ -441,6 +441,17 @@ impl RawEngine {
         }
     }
 
+    /// Empties a batch whose tasks were all seen terminal.
+    pub(crate) fn reset_batch(&self, batch: u64) -> Result<()> {
+        // SAFETY: plain call; the engine refuses busy or unknown batches.
+        let rc = unsafe { sys::mc_batch_reset(self.handle(), batch) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(last_status_error(rc))
+        }
+    }
+
     pub(crate) fn free_batch(&self, batch: u64) -> Result<()> {
         // SAFETY: plain call; the engine refuses busy or unknown batches.
         let rc = unsafe { sys::freeBatchID(self.handle(), batch) };

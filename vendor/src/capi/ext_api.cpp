@@ -50,6 +50,7 @@ EngineConfig to_engine_config(const mc_engine_config_t &c) {
     e.metadata_cache = c.metadata_cache != 0;
     e.enable_cuda_ipc = c.enable_cuda_ipc != 0;
     e.handshake_max_length = c.handshake_max_length;
+    e.enable_same_host = c.enable_same_host != 0;
     return e;
 }
 
@@ -81,6 +82,7 @@ int mc_engine_config_default(mc_engine_config_t *cfg) {
         cfg->metadata_cache = e.metadata_cache ? 1 : 0;
         cfg->enable_cuda_ipc = e.enable_cuda_ipc ? 1 : 0;
         cfg->handshake_max_length = e.handshake_max_length;
+        cfg->enable_same_host = e.enable_same_host ? 1 : 0;
         return 0;
     });
 }
@@ -234,6 +236,13 @@ int mc_batch_wait(transfer_engine_t engine, batch_id_t batch_id, int64_t timeout
     });
 }
 
+int mc_batch_reset(transfer_engine_t engine, batch_id_t batch_id) {
+    return guard_status("mc_batch_reset", [&] {
+        engine_of(engine, "mc_batch_reset")->reset_batch(batch_id);
+        return 0;
+    });
+}
+
 int mc_batch_status(transfer_engine_t engine, batch_id_t batch_id, struct transfer_status *out,
                     size_t cap, size_t *count) {
     return guard_errcode("mc_batch_status", [&] {
@@ -272,7 +281,9 @@ int mc_engine_get_counters(transfer_engine_t engine, mc_engine_counters_t *out) 
     return guard_errcode("mc_engine_get_counters", [&] {
         if (!out) throw Error(kErrInvalidArgument, "out pointer is null");
         auto c = engine_of(engine, "mc_engine_get_counters")->counters();
-        *out = mc_engine_counters_t{c.tcp_sent, c.tcp_served, c.tcp_rejected, c.ipc_copies, c.local_copies};
+        *out = mc_engine_counters_t{c.tcp_sent,       c.tcp_served,    c.tcp_rejected,
+                                    c.ipc_copies,     c.local_copies,  c.same_host_sent,
+                                    c.same_host_served};
         return 0;
     });
 }
@@ -409,6 +420,8 @@ size_t mc_abi_describe(const mc_abi_field_t **fields) {
         MC_ABI_FIELD(mc_engine_counters, tcp_requests_rejected),
         MC_ABI_FIELD(mc_engine_counters, ipc_copies),
         MC_ABI_FIELD(mc_engine_counters, local_copies),
+        MC_ABI_FIELD(mc_engine_counters, same_host_requests),
+        MC_ABI_FIELD(mc_engine_counters, same_host_served),
         MC_ABI_STRUCT(mc_gpu_info),
         MC_ABI_FIELD(mc_gpu_info, build_cuda_major),
         MC_ABI_FIELD(mc_gpu_info, runtime_version),
@@ -444,6 +457,7 @@ size_t mc_abi_describe(const mc_abi_field_t **fields) {
         MC_ABI_FIELD(mc_engine_config, metadata_cache),
         MC_ABI_FIELD(mc_engine_config, enable_cuda_ipc),
         MC_ABI_FIELD(mc_engine_config, handshake_max_length),
+        MC_ABI_FIELD(mc_engine_config, enable_same_host),
     };
     if (fields) *fields = kFields;
     return sizeof kFields / sizeof kFields[0];

@@ -73,6 +73,27 @@ bool Batch::wait(int64_t timeout_ms) {
     return cv_.wait_for(g, std::chrono::milliseconds(timeout_ms), done);
 }
 
+bool Batch::reset() {
+    std::lock_guard<std::mutex> g(mu_);
+    size_t n = submitted_.load(std::memory_order_acquire);
+    if (finished_.load(std::memory_order_acquire) != n) return false;
+    for (size_t i = 0; i < n; ++i)
+        if (!tasks_[i].observed.load(std::memory_order_relaxed)) return false;
+    // Every task is terminal and seen: no transport touches them any more.
+    for (size_t i = 0; i < n; ++i) {
+        Task &t = tasks_[i];
+        t.status.store(kTaskWaiting, std::memory_order_relaxed);
+        t.transferred.store(0, std::memory_order_relaxed);
+        t.observed.store(false, std::memory_order_relaxed);
+        t.error.clear();
+    }
+    failed_.store(0, std::memory_order_relaxed);
+    finished_.store(0, std::memory_order_relaxed);
+    submitted_.store(0, std::memory_order_release);
+    notify_.reset();
+    return true;
+}
+
 void Batch::set_notify(PendingNotify n) {
     std::lock_guard<std::mutex> g(mu_);
     notify_ = std::move(n);

@@ -71,6 +71,10 @@ public:
     // (timeout_ms < 0 waits forever). Returns true when all are terminal.
     bool wait(int64_t timeout_ms);
 
+    // Empties the batch for reuse once every submitted task has been
+    // observed terminal; false (batch untouched) otherwise.
+    bool reset();
+
     void set_notify(PendingNotify n);
     // Hands out the pending notify once, when every task has completed.
     std::optional<PendingNotify> take_notify_if_complete();

@@ -52,6 +52,7 @@ EngineConfig EngineConfig::from_env() {
     c.tcp_lanes_per_peer = static_cast<uint32_t>(lanes);
     if (auto p = env_string("MC_TCP_PROTO"); p && *p == "1") c.tcp_proto_version = 1;
     if (env_present("MC_DISABLE_METACACHE")) c.metadata_cache = false;
+    if (env_present("MC_DISABLE_SAME_HOST_PATH")) c.enable_same_host = false;
     if (auto f = env_string("MC_TE_FILTERS")) c.device_allow_list = split_list(*f);
     if (env_present("MC_FORCE_TCP")) c.protocols = kProtoTcp;
     return c;

@@ -49,6 +49,12 @@ struct EngineConfig {
     // Same-host GPU path: advertise CUDA IPC handles for device buffers and
     // use peers' handles instead of TCP when both run on this host.
     bool enable_cuda_ipc = true;
+    // Same-host CPU path: between engines in two processes of this host,
+    // host memory moves by cross-memory attach (process_vm_readv/writev,
+    // done by the target after it has verified the initiator's pid), and
+    // only the request headers and status frames go over the TCP lane.
+    // Off: plain TCP (env MC_DISABLE_SAME_HOST_PATH).
+    bool enable_same_host = true;
     uint64_t max_notifications = 1u << 20;  // queued, not yet drained
 
     // Defaults, then the MC_* environment variables that upstream honours.

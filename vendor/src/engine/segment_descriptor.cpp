@@ -2,6 +2,7 @@
 
 #include <sys/time.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
@@ -33,6 +34,7 @@ Json encode_segment_desc(const SegmentDesc &d) {
     j.set("timestamp", descriptor_timestamp());
     if (!d.host_id.empty()) j.set("mc_host_id", d.host_id);
     if (d.pid != 0) j.set("mc_pid", d.pid);
+    if (d.same_host) j.set("mc_cma", 1);
     Json bufs = Json::array();
     bool rdma = d.protocol != "tcp";
     for (const auto &b : d.buffers) {
@@ -147,6 +149,10 @@ SegmentDesc decode_segment_desc(const Json &j) {
     if (const Json *pm = j.find("priority_matrix")) d.priority_matrix = *pm;
     d.host_id = json_string_or(j, "mc_host_id", "");
     if (const Json *p = j.find("mc_pid")) p->get_i64(d.pid);
+    if (const Json *p = j.find("mc_cma")) {
+        int64_t v = 0;
+        d.same_host = p->get_i64(v) && v == 1;
+    }
     const Json *bufs = j.find("buffers");
     if (bufs) {
         const Json::Array *a = bufs->get_array();
@@ -184,7 +190,22 @@ SegmentDesc decode_segment_desc(const Json &j) {
             d.buffers.push_back(std::move(b));
         }
     }
+    for (const auto &b : d.buffers) {
+        bool gpu = b.cuda_device >= 0 || !b.cuda_ipc.empty() || b.name.compare(0, 5, "cuda:") == 0;
+        if (!gpu) d.host_ranges.emplace_back(b.addr, b.addr + b.length);
+    }
+    std::sort(d.host_ranges.begin(), d.host_ranges.end());
     return d;
+}
+
+bool SegmentDesc::in_host_buffer(uint64_t addr, uint64_t len) const {
+    if (len == 0 || addr + len < addr) return false;
+    // The last range starting at or below addr.
+    auto it = std::upper_bound(host_ranges.begin(), host_ranges.end(),
+                               std::make_pair(addr, UINT64_MAX));
+    if (it == host_ranges.begin()) return false;
+    --it;
+    return addr + len <= it->second;
 }
 
 }  // namespace mcrs

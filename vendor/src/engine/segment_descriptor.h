@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/json.h"
@@ -46,6 +47,14 @@ struct SegmentDesc {
     // Extension keys: which host and process own the segment.
     std::string host_id;  // "mc_host_id"
     int64_t pid = 0;      // "mc_pid"
+    // "mc_cma": the owner accepts same-host sessions (cross-memory attach).
+    bool same_host = false;
+    // Derived when decoding: the host-memory buffers, sorted by address,
+    // as [addr, end) pairs (what the same-host path may target).
+    std::vector<std::pair<uint64_t, uint64_t>> host_ranges;
+
+    // True when [addr, addr+len) lies inside one host-memory buffer.
+    bool in_host_buffer(uint64_t addr, uint64_t len) const;
 };
 
 Json encode_segment_desc(const SegmentDesc &d);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -150,6 +151,7 @@ void TransferEngine::install_transport(const std::string &proto) {
     TcpServerOptions so;
     so.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
     so.max_connections = cfg_.tcp_max_server_connections;
+    so.enable_same_host = cfg_.enable_same_host;
     tcp_server_ = std::make_unique<TcpServer>(std::move(data), registry_, so);
     tcp_server_->start();
     TcpClientOptions co;
@@ -163,10 +165,15 @@ void TransferEngine::install_transport(const std::string &proto) {
 
 TransferEngine::Counters TransferEngine::counters() const {
     Counters c{};
-    if (tcp_client_) c.tcp_sent = tcp_client_->requests_submitted();
+    if (tcp_client_) {
+        c.same_host_sent = tcp_client_->same_host_sent();
+        c.tcp_sent = tcp_client_->requests_submitted() - c.same_host_sent;
+    }
     if (tcp_server_) {
         c.tcp_served = tcp_server_->served_requests();
         c.tcp_rejected = tcp_server_->rejected_requests();
+        c.same_host_served = tcp_server_->same_host_served();
+        c.tcp_served -= c.same_host_served;
     }
     if (ipc_) c.ipc_copies = ipc_->copies();
     c.local_copies = local_copies_.load(std::memory_order_relaxed);
@@ -182,6 +189,7 @@ SegmentDesc TransferEngine::local_descriptor() const {
     d.tcp_proto_version = 2;
     d.host_id = host_id_;
     d.pid = static_cast<int64_t>(getpid());
+    d.same_host = cfg_.enable_same_host && tcp_installed_.load() && !host_id_.empty();
     for (const auto &r : registry_.snapshot(/*remote_only=*/true)) {
         BufferDesc b;
         b.name = r.location.empty() ? "*" : r.location;
@@ -383,52 +391,70 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
         return;
     }
     if (!reqs) throw StatusError(kStatusInvalidArgument, "request array is null");
-    if (n > batch->capacity() - batch->submitted())
-        throw StatusError(kStatusTooManyRequests,
-                          "batch " + std::to_string(batch_id) + " holds " +
-                              std::to_string(batch->submitted()) + " of " +
-                              std::to_string(batch->capacity()) + " tasks; " + std::to_string(n) +
-                              " more do not fit");
+    auto too_many = [&]() {
+        return StatusError(kStatusTooManyRequests,
+                           "batch " + std::to_string(batch_id) + " holds " +
+                               std::to_string(batch->submitted()) + " of " +
+                               std::to_string(batch->capacity()) + " tasks; " + std::to_string(n) +
+                               " more do not fit");
+    };
+    if (n > batch->capacity() - batch->submitted()) throw too_many();
+
+    // Per-thread scratch, so that a submit allocates nothing once warm. It
+    // is emptied on every exit: items hold pins on local memory.
+    thread_local std::vector<TransferItem> items;
+    thread_local std::vector<TransferItem> group;
+    thread_local std::vector<std::pair<int32_t, std::shared_ptr<const SegmentDesc>>> descs;
+    struct Scrub {
+        ~Scrub() {
+            items.clear();
+            group.clear();
+            descs.clear();
+        }
+    } scrub;
+    items.resize(n);
 
     // Validate everything before reserving slots, so a bad request leaves
     // the batch untouched.
-    std::vector<TransferItem> items(n);
-    std::unordered_map<int32_t, std::shared_ptr<const SegmentDesc>> descs;
+    auto where = [](size_t i) { return "request " + std::to_string(i) + ": "; };
+    bool one_target = true;
     for (size_t i = 0; i < n; ++i) {
         const transfer_request &r = reqs[i];
-        std::string where = "request " + std::to_string(i) + ": ";
         if (r.opcode != OPCODE_READ && r.opcode != OPCODE_WRITE)
             throw StatusError(kStatusInvalidArgument,
-                              where + "opcode " + std::to_string(r.opcode) + " is neither READ nor WRITE");
-        if (r.length == 0) throw StatusError(kStatusInvalidArgument, where + "length is zero");
-        if (!r.source) throw StatusError(kStatusInvalidArgument, where + "source is null");
+                              where(i) + "opcode " + std::to_string(r.opcode) + " is neither READ nor WRITE");
+        if (r.length == 0) throw StatusError(kStatusInvalidArgument, where(i) + "length is zero");
+        if (!r.source) throw StatusError(kStatusInvalidArgument, where(i) + "source is null");
         uint64_t src = reinterpret_cast<uint64_t>(r.source);
         if (src + r.length < src || r.target_offset + r.length < r.target_offset)
             throw StatusError(kStatusInvalidArgument,
-                              where + "range of " + std::to_string(r.length) + " bytes wraps around");
-        if (r.target_id != LOCAL_SEGMENT && !descs.count(r.target_id)) {
+                              where(i) + "range of " + std::to_string(r.length) + " bytes wraps around");
+        if (i > 0 && r.target_id != reqs[0].target_id) one_target = false;
+        bool known = r.target_id == LOCAL_SEGMENT;
+        for (const auto &kv : descs) known = known || kv.first == r.target_id;
+        if (!known) {
             auto d = segments_.get(r.target_id);
             if (!d)
                 throw StatusError(kStatusInvalidArgument,
-                                  where + "unknown segment id " + std::to_string(r.target_id) +
+                                  where(i) + "unknown segment id " + std::to_string(r.target_id) +
                                       " (open the segment first)");
             bool via_rdma = d->protocol == "rdma" && rdma() != nullptr;
             if (!via_rdma && d->protocol != "tcp" && !(d->protocol == "rdma" && d->tcp_data_port != 0))
                 throw StatusError(kStatusNotSupportedTransport,
-                                  where + "segment '" + d->name + "' uses protocol '" + d->protocol +
+                                  where(i) + "segment '" + d->name + "' uses protocol '" + d->protocol +
                                       "', which this engine has not installed");
             if (!via_rdma && !tcp_installed_.load())
                 throw StatusError(kStatusNotSupportedTransport,
-                                  where + "the TCP transport is not installed");
+                                  where(i) + "the TCP transport is not installed");
             if (!via_rdma && d->tcp_data_port == 0)
                 throw StatusError(kStatusInvalidArgument,
-                                  where + "segment '" + d->name + "' advertises no TCP data port");
-            descs.emplace(r.target_id, std::move(d));
+                                  where(i) + "segment '" + d->name + "' advertises no TCP data port");
+            descs.emplace_back(r.target_id, std::move(d));
         }
         RegionPin pin = registry_.pin(src, r.length, /*need_remote=*/false);
         if (!pin)
             throw StatusError(kStatusAddressNotRegistered,
-                              where + "local range [" + hex(src) + ", " + hex(src + r.length) +
+                              where(i) + "local range [" + hex(src) + ", " + hex(src + r.length) +
                                   ") is not inside one registered buffer");
         TransferItem &it = items[i];
         it.opcode = r.opcode;
@@ -438,64 +464,86 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
         it.local_pin = std::move(pin);
     }
     auto first = batch->reserve(n);
-    if (!first)
-        throw StatusError(kStatusTooManyRequests,
-                          "batch " + std::to_string(batch_id) + " holds " +
-                              std::to_string(batch->submitted()) + " of " +
-                              std::to_string(batch->capacity()) + " tasks; " + std::to_string(n) +
-                              " more do not fit");
+    if (!first) throw too_many();
     if (notify) batch->set_notify(*notify);
-
-    // Group by target and hand each group to its transport.
-    std::unordered_map<int32_t, std::vector<TransferItem>> groups;
     for (size_t i = 0; i < n; ++i) {
         items[i].batch = batch;
         items[i].task = *first + i;
-        groups[reqs[i].target_id].push_back(std::move(items[i]));
     }
-    for (auto &kv : groups) {
-        if (kv.first == LOCAL_SEGMENT) {
-            run_local(kv.second);
-            continue;
-        }
-        auto desc = descs.at(kv.first);
-        const SegmentDesc &d = *desc;
-        if (d.protocol == "rdma" && rdma()) {
-            rdma()->submit(d, kv.second);
-            continue;
-        }
-        // Same host, another process, and the target buffer has a CUDA IPC
-        // handle: copy engines instead of the network.
-        if (ipc_ && !d.host_id.empty() && d.host_id == host_id_ && d.pid != static_cast<int64_t>(getpid())) {
-            std::vector<TransferItem> via_ipc, via_tcp;
-            std::vector<IpcTarget> targets;
-            for (auto &it : kv.second) {
-                const BufferDesc *hit = nullptr;
-                for (const auto &b : d.buffers)
-                    if (!b.cuda_ipc.empty() && it.remote_addr >= b.addr && it.remote_addr + it.length <= b.addr + b.length) {
-                        hit = &b;
-                        break;
-                    }
-                if (hit && ipc_->usable(hit->cuda_ipc)) {
-                    targets.push_back(IpcTarget{hit->cuda_ipc, hit->addr, hit->length, hit->cuda_ipc_offset, hit->cuda_device});
-                    via_ipc.push_back(std::move(it));
-                } else {
-                    via_tcp.push_back(std::move(it));
-                }
-            }
-            if (!via_tcp.empty()) send_tcp(d, via_tcp);
-            if (!via_ipc.empty())
-                ipc_->submit(via_ipc, targets, [this, desc](std::vector<TransferItem> &rerouted) { send_tcp(*desc, rerouted); });
-            continue;
-        }
-        send_tcp(d, kv.second);
+
+    // Hand each target's requests to its transport, in request order.
+    if (one_target) {
+        dispatch(reqs[0].target_id, items, descs);
+        return;
+    }
+    std::vector<int32_t> targets;
+    for (size_t i = 0; i < n; ++i)
+        if (std::find(targets.begin(), targets.end(), reqs[i].target_id) == targets.end())
+            targets.push_back(reqs[i].target_id);
+    for (int32_t t : targets) {
+        group.clear();
+        for (size_t i = 0; i < n; ++i)
+            if (reqs[i].target_id == t) group.push_back(std::move(items[i]));
+        dispatch(t, group, descs);
     }
 }
 
+void TransferEngine::dispatch(
+    int32_t target, std::vector<TransferItem> &items,
+    const std::vector<std::pair<int32_t, std::shared_ptr<const SegmentDesc>>> &descs) {
+    if (target == LOCAL_SEGMENT) {
+        run_local(items);
+        return;
+    }
+    std::shared_ptr<const SegmentDesc> desc;
+    for (const auto &kv : descs)
+        if (kv.first == target) desc = kv.second;
+    const SegmentDesc &d = *desc;
+    if (d.protocol == "rdma" && rdma()) {
+        rdma()->submit(d, items);
+        return;
+    }
+    // Same host, another process, and the target buffer has a CUDA IPC
+    // handle: copy engines instead of the network.
+    if (ipc_ && !d.host_id.empty() && d.host_id == host_id_ && d.pid != static_cast<int64_t>(getpid())) {
+        std::vector<TransferItem> via_ipc, via_tcp;
+        std::vector<IpcTarget> targets;
+        for (auto &it : items) {
+            const BufferDesc *hit = nullptr;
+            for (const auto &b : d.buffers)
+                if (!b.cuda_ipc.empty() && it.remote_addr >= b.addr && it.remote_addr + it.length <= b.addr + b.length) {
+                    hit = &b;
+                    break;
+                }
+            if (hit && ipc_->usable(hit->cuda_ipc)) {
+                targets.push_back(IpcTarget{hit->cuda_ipc, hit->addr, hit->length, hit->cuda_ipc_offset, hit->cuda_device});
+                via_ipc.push_back(std::move(it));
+            } else {
+                via_tcp.push_back(std::move(it));
+            }
+        }
+        if (!via_tcp.empty()) send_tcp(d, via_tcp);
+        if (!via_ipc.empty())
+            ipc_->submit(via_ipc, targets, [this, desc](std::vector<TransferItem> &rerouted) { send_tcp(*desc, rerouted); });
+        return;
+    }
+    send_tcp(d, items);
+}
+
 void TransferEngine::send_tcp(const SegmentDesc &d, std::vector<TransferItem> &items) {
-    std::string host = d.tcp_data_host.empty() ? parse_host_port(d.name).host : d.tcp_data_host;
+    const std::string &host = d.tcp_data_host.empty() ? parse_host_port(d.name).host : d.tcp_data_host;
     int version = (d.tcp_proto_version >= 2 && cfg_.tcp_proto_version >= 2) ? 2 : 1;
-    tcp_client_->submit(host, d.tcp_data_port, version, items);
+    // The same-host CPU path: the owner offers it and says it runs on this
+    // boot of this host (the owner then verifies our pid itself before it
+    // copies anything). Only host memory, and only ranges inside the host
+    // buffers the owner published: anything else goes over TCP, where the
+    // owner rejects what it must.
+    bool same_host = cfg_.enable_same_host && version >= 2 && d.same_host && !d.host_id.empty() &&
+                     d.host_id == host_id_;
+    if (same_host)
+        for (auto &it : items)
+            it.same_host_ok = it.local_device() < 0 && d.in_host_buffer(it.remote_addr, it.length);
+    tcp_client_->submit(host, d.tcp_data_port, version, same_host, items);
 }
 
 void TransferEngine::run_local(std::vector<TransferItem> &items) {
@@ -596,6 +644,14 @@ void TransferEngine::free_batch(uint64_t batch_id) {
     throw StatusError(kStatusBatchBusy,
                       "batch " + std::to_string(batch_id) +
                           " still has tasks that were not seen COMPLETED or FAILED");
+}
+
+void TransferEngine::reset_batch(uint64_t batch_id) {
+    auto b = batch_or_throw(batch_id);
+    if (!b->reset())
+        throw StatusError(kStatusBatchBusy,
+                          "batch " + std::to_string(batch_id) +
+                              " still has tasks that were not seen COMPLETED or FAILED");
 }
 
 std::vector<Notification> TransferEngine::drain_notifications() { return notifies_.drain(); }

@@ -86,6 +86,9 @@ public:
     // task count.
     size_t batch_statuses(uint64_t batch_id, int *status, uint64_t *bytes, size_t cap);
     void free_batch(uint64_t batch_id);
+    // Empties a batch whose tasks were all seen terminal (StatusError
+    // kStatusBatchBusy otherwise).
+    void reset_batch(uint64_t batch_id);
 
     // Notifications.
     std::vector<Notification> drain_notifications();
@@ -95,6 +98,7 @@ public:
 
     struct Counters {
         uint64_t tcp_sent, tcp_served, tcp_rejected, ipc_copies, local_copies;
+        uint64_t same_host_sent, same_host_served;
     };
     Counters counters() const;
 
@@ -110,6 +114,8 @@ private:
     void maybe_send_batch_notify(Batch &b);
     void run_local(std::vector<struct TransferItem> &items);
     void send_tcp(const SegmentDesc &d, std::vector<struct TransferItem> &items);
+    void dispatch(int32_t target, std::vector<struct TransferItem> &items,
+                  const std::vector<std::pair<int32_t, std::shared_ptr<const SegmentDesc>>> &descs);
 
     EngineConfig cfg_;
     std::string local_host_;

@@ -1,7 +1,11 @@
 #include "transport/tcp/tcp_client.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <array>
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 
 #include "common/error.h"
@@ -15,6 +19,14 @@ namespace mcrs {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A sender takes at most this many bytes of requests at once, so that big
+// transfers spread over the lanes while small ones share syscalls.
+constexpr uint64_t kCoalesceBytes = 1u << 20;
+// Answers read by one receiver pass (two iovec entries each at most).
+constexpr size_t kMaxRecvBatch = 128;
+// iovec entries per sendmsg (IOV_MAX is 1024).
+constexpr size_t kMaxSendIov = 512;
 
 struct Queued {
     TransferItem item;
@@ -34,39 +46,50 @@ class Lane;
 
 class TcpClient::Peer {
 public:
-    Peer(std::string host, uint16_t port, const TcpClientOptions &opt);
+    Peer(std::string host, uint16_t port, const TcpClientOptions &opt, std::atomic<uint64_t> &same_host_sent);
     ~Peer();
 
     void enqueue(std::vector<TransferItem> &items, int version);
-    // Blocks until an item is available; false once the peer is stopping.
-    bool pop(Queued &out);
+    // Blocks until items are available, then moves up to `max_items` of them
+    // (at least one; at most kCoalesceBytes of requests unless the first
+    // alone is bigger) into `out`. False once the peer is stopping.
+    bool pop_many(std::vector<Queued> &out, size_t max_items);
     void stop();
 
     const std::string host;
     const uint16_t port;
     const std::string label;  // "host:port" for messages
     const TcpClientOptions opt;
+    std::atomic<bool> want_same_host{false};
+    std::atomic<uint64_t> &same_host_sent;
 
     // Connect failures are shared by all lanes: after one, lanes that have no
     // connection fail their items at once for a short cool-down instead of
     // each waiting out its own connect timeout.
     bool recent_connect_failure(std::string &why);
     void note_connect_failure(const std::string &why);
+    // A target that refused a same-host session is not asked again.
+    void note_same_host_refused() { same_host_refused_.store(true); }
+    bool try_same_host() const { return want_same_host.load() && !same_host_refused_.load(); }
 
 private:
     std::mutex mu_;
     std::condition_variable cv_;
-    std::deque<Queued> queue_;
+    Ring<Queued> queue_{256};
     bool stopping_ = false;
     Clock::time_point failed_at_{};
     std::string failure_;
+    std::atomic<bool> same_host_refused_{false};
     std::vector<std::unique_ptr<Lane>> lanes_;
 };
 
 // One persistent connection with a sender and a receiver thread.
 class Lane {
 public:
-    Lane(TcpClient::Peer &peer, int index) : peer_(peer), index_(index) {}
+    Lane(TcpClient::Peer &peer, int index)
+        : peer_(peer), index_(index), inflight_(peer.opt.pipeline_depth) {
+        done_.reserve(kMaxRecvBatch);
+    }
     void start() {
         sender_ = std::thread([this] { send_loop(); });
         receiver_ = std::thread([this] { receive_loop(); });
@@ -87,7 +110,15 @@ private:
         TransferItem item;
         int version = 2;
         bool sent = false;
+        bool cma = false;  // sent as a same-host request
     };
+    // Whether the receiver must wait until the sender is done with the entry
+    // before reading its answer: only for payload WRITEs, whose OK may only
+    // count once every byte is out (and whose early REJECTED aborts them).
+    // Other answers can only come once their header has reached the peer;
+    // reading them meanwhile keeps a peer that is blocked sending READ data
+    // from blocking a sender that is still pushing a big WRITE run.
+    static bool needs_sent(const Inflight &e) { return e.item.opcode == kTcpOpWrite && !e.cma; }
 
     void mark_broken_locked() {
         broken_ = true;
@@ -95,9 +126,17 @@ private:
     }
 
     bool connect_locked(std::unique_lock<std::mutex> &lk, std::string &why);
+    bool same_host_hello(int sock, std::string &why);
     void send_loop();
     void receive_loop();
-    bool read_response(int sock, Inflight &e, std::string &why);
+    bool read_one(int sock, Inflight &e, std::string &why);
+    // Reads the answers of the first `n` (sent, host-memory, v2) entries.
+    // Completes entries as their answers arrive; returns false with `why`
+    // when the connection must be dropped.
+    bool read_batch(std::unique_lock<std::mutex> &lk, size_t n, std::string &why);
+    // Drops the connection and fails everything in flight (the first entry
+    // with `why`).
+    void fail_all_locked(std::unique_lock<std::mutex> &lk, std::string why);
 
     TcpClient::Peer &peer_;
     int index_;
@@ -108,13 +147,25 @@ private:
     bool stop_ = false;
     bool sending_ = false;
     bool receiver_busy_ = false;
+    bool same_host_ = false;  // this connection is a verified same-host session
     std::string send_error_;  // why the last send failed, for the receiver's report
-    std::deque<Inflight> inflight_;
+    Ring<Inflight> inflight_;  // capacity pipeline_depth: never reallocates
+    // The proof slot of the same-host hello: the target reads it from this
+    // process's memory.
+    unsigned char proof_[kCmaNonceLen] = {};
+    // Receiver scratch (receiver thread only).
+    uint64_t st_[kMaxRecvBatch] = {};
+    uint64_t need_[kMaxRecvBatch] = {};
+    bool keep_fail_[kMaxRecvBatch] = {};
+    std::string keep_why_;
+    struct iovec riov_[2 * kMaxRecvBatch] = {};
+    std::vector<TransferItem> done_;
     std::thread sender_, receiver_;
 };
 
-TcpClient::Peer::Peer(std::string h, uint16_t p, const TcpClientOptions &o)
-    : host(std::move(h)), port(p), label(join_host_port(host, p)), opt(o) {
+TcpClient::Peer::Peer(std::string h, uint16_t p, const TcpClientOptions &o,
+                      std::atomic<uint64_t> &shs)
+    : host(std::move(h)), port(p), label(join_host_port(host, p)), opt(o), same_host_sent(shs) {
     for (uint32_t i = 0; i < opt.lanes_per_peer; ++i) {
         lanes_.push_back(std::make_unique<Lane>(*this, static_cast<int>(i)));
         lanes_.back()->start();
@@ -124,27 +175,34 @@ TcpClient::Peer::Peer(std::string h, uint16_t p, const TcpClientOptions &o)
 TcpClient::Peer::~Peer() { stop(); }
 
 void TcpClient::Peer::enqueue(std::vector<TransferItem> &items, int version) {
-    std::vector<TransferItem> rejected;
+    bool rejected = false;
     {
         std::lock_guard<std::mutex> g(mu_);
-        for (auto &it : items) {
-            if (stopping_) {
-                rejected.push_back(std::move(it));
-                continue;
-            }
-            queue_.push_back(Queued{std::move(it), version});
-        }
+        if (!stopping_)
+            for (auto &it : items) queue_.push_back(Queued{std::move(it), version});
+        else
+            rejected = true;
+    }
+    if (rejected) {
+        for (auto &it : items) it.fail("the engine is shutting down");
+        return;
     }
     cv_.notify_all();
-    for (auto &it : rejected) it.fail("the engine is shutting down");
 }
 
-bool TcpClient::Peer::pop(Queued &out) {
+bool TcpClient::Peer::pop_many(std::vector<Queued> &out, size_t max_items) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [this] { return stopping_ || !queue_.empty(); });
     if (stopping_) return false;
-    out = std::move(queue_.front());
-    queue_.pop_front();
+    uint64_t bytes = 0;
+    while (!queue_.empty() && out.size() < max_items) {
+        uint64_t len = queue_.front().item.length;
+        if (!out.empty() && bytes + len > kCoalesceBytes) break;
+        bytes += len;
+        out.push_back(queue_.pop_front());
+    }
+    // Others may find work left.
+    if (!queue_.empty()) cv_.notify_one();
     return true;
 }
 
@@ -166,17 +224,76 @@ void TcpClient::Peer::note_connect_failure(const std::string &why) {
 }
 
 void TcpClient::Peer::stop() {
-    std::deque<Queued> left;
+    std::vector<Queued> left;
     {
         std::lock_guard<std::mutex> g(mu_);
         if (stopping_ && lanes_.empty()) return;
         stopping_ = true;
-        left.swap(queue_);
+        while (!queue_.empty()) left.push_back(queue_.pop_front());
     }
     cv_.notify_all();
     for (auto &q : left) q.item.fail("the engine is shutting down");
     for (auto &l : lanes_) l->stop();
     lanes_.clear();
+}
+
+bool Lane::same_host_hello(int sock, std::string &why) {
+    // HELLO: our pid and where the proof will be.
+    unsigned char msg[kTcpHeaderLen + kCmaHelloBodyLen];
+    TcpHeader h;
+    h.size = kCmaHelloBodyLen;
+    h.opcode = kTcpOpCmaHello;
+    encode_tcp_header(h, msg);
+    put_le64(msg + kTcpHeaderLen, static_cast<uint64_t>(::getpid()));
+    put_le64(msg + kTcpHeaderLen + 8, reinterpret_cast<uint64_t>(proof_));
+    IoResult io = send_all(sock, msg, sizeof msg);
+    unsigned char st[8];
+    if (io.ok()) io = recv_all(sock, st, sizeof st);
+    if (!io.ok()) {
+        why = "same-host hello: " + io.describe();
+        return false;
+    }
+    uint64_t v = get_le64(st);
+    if (static_cast<uint32_t>(v >> 32) != kTcpStatusMagic) {
+        why = "same-host hello: malformed answer";
+        return false;
+    }
+    if (static_cast<uint32_t>(v) != kTcpStatusOk) {
+        peer_.note_same_host_refused();
+        MC_LOG(Info, "TCP lane " << index_ << ": " << peer_.label
+                                 << " does not offer a same-host session; using TCP");
+        return true;
+    }
+    // The challenge: put the nonce where the target will look for it.
+    io = recv_all(sock, proof_, sizeof proof_);
+    if (io.ok()) {
+        encode_tcp_header(TcpHeader{0, 0, kTcpOpCmaProof}, msg);
+        io = send_all(sock, msg, kTcpHeaderLen);
+    }
+    // The nonce stays in the slot while this connection lives: the target
+    // checks it again from time to time (a pid reused by another process,
+    // or an exec, no longer holds it).
+    if (io.ok()) io = recv_all(sock, st, sizeof st);
+    if (!io.ok()) {
+        why = "same-host proof: " + io.describe();
+        return false;
+    }
+    v = get_le64(st);
+    if (static_cast<uint32_t>(v >> 32) != kTcpStatusMagic) {
+        why = "same-host proof: malformed answer";
+        return false;
+    }
+    if (static_cast<uint32_t>(v) == kTcpStatusOk) {
+        same_host_ = true;
+        MC_LOG(Debug, "TCP lane " << index_ << ": same-host session with " << peer_.label);
+    } else {
+        // E.g. ptrace rules (EPERM), another PID namespace or host.
+        peer_.note_same_host_refused();
+        MC_LOG(Info, "TCP lane " << index_ << ": " << peer_.label
+                                 << " could not verify this process for the same-host path "
+                                    "(not permitted, or not the same host); using TCP");
+    }
+    return true;
 }
 
 bool Lane::connect_locked(std::unique_lock<std::mutex> &lk, std::string &why) {
@@ -189,6 +306,7 @@ bool Lane::connect_locked(std::unique_lock<std::mutex> &lk, std::string &why) {
     }
     fd_.reset();
     broken_ = false;
+    same_host_ = false;
     send_error_.clear();
     if (peer_.recent_connect_failure(why)) return false;
     lk.unlock();
@@ -196,6 +314,11 @@ bool Lane::connect_locked(std::unique_lock<std::mutex> &lk, std::string &why) {
     std::string err;
     Fd nf = connect_tcp(peer_.host, peer_.port, static_cast<int>(peer_.opt.connect_timeout_ms),
                         code, err);
+    if (nf.valid()) {
+        int t = static_cast<int>(peer_.opt.progress_timeout_ms);
+        set_io_timeouts(nf.get(), t, t);
+        if (peer_.try_same_host() && !same_host_hello(nf.get(), err)) nf.reset();
+    }
     lk.lock();
     if (!nf.valid()) {
         why = err;
@@ -207,70 +330,125 @@ bool Lane::connect_locked(std::unique_lock<std::mutex> &lk, std::string &why) {
         why = "the engine is shutting down";
         return false;
     }
-    int t = static_cast<int>(peer_.opt.progress_timeout_ms);
-    set_io_timeouts(nf.get(), t, t);
     fd_ = std::move(nf);
     MC_LOG(Debug, "TCP lane " << index_ << " connected to " << peer_.label);
     return true;
 }
 
 void Lane::send_loop() {
-    Queued q;
-    while (peer_.pop(q)) {
-        Inflight *e = nullptr;
-        int sock = -1;
+    const size_t depth = peer_.opt.pipeline_depth;
+    std::vector<Queued> run;
+    run.reserve(depth);
+    std::vector<struct iovec> iov;
+    iov.reserve(kMaxSendIov + 2);
+    std::vector<Inflight *> pending;  // entries whose bytes are in `iov`
+    pending.reserve(depth);
+    std::vector<Inflight *> entries;  // this run's entries
+    entries.reserve(depth);
+    // Headers of this run, owned by the sender: the receiver may hand an
+    // entry back (its answer came) while sendmsg still holds the iovec list.
+    std::vector<std::array<unsigned char, kCmaRequestLen>> hdrs(depth);
+    for (;;) {
+        size_t space = 0;
         {
             std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [this] {
-                return stop_ || inflight_.size() < peer_.opt.pipeline_depth;
-            });
+            cv_.wait(lk, [&] { return stop_ || inflight_.size() < depth; });
+            if (stop_) break;
+            space = depth - inflight_.size();
+        }
+        run.clear();
+        if (!peer_.pop_many(run, space)) break;
+
+        int sock = -1;
+        bool same_host = false;
+        {
+            std::unique_lock<std::mutex> lk(mu_);
             std::string why;
-            if (stop_) {
+            if (stop_) why = "the engine is shutting down";
+            else if ((broken_ || !fd_.valid()) && !connect_locked(lk, why)) {
+                if (why.empty()) why = "cannot connect";
+            }
+            if (!why.empty()) {
                 lk.unlock();
-                q.item.fail("the engine is shutting down");
+                for (auto &q : run) q.item.fail(describe(q.item, peer_.label) + " failed: " + why);
                 continue;
             }
-            if ((broken_ || !fd_.valid()) && !connect_locked(lk, why)) {
-                lk.unlock();
-                q.item.fail(describe(q.item, peer_.label) + " failed: " + why);
-                continue;
+            entries.clear();
+            same_host = same_host_;
+            for (auto &q : run) {
+                // Decided before the receiver can see the entry.
+                const bool cma = same_host && q.item.same_host_ok && q.version >= 2 &&
+                                 q.item.local_device() < 0;
+                inflight_.push_back(Inflight{std::move(q.item), q.version, false, cma});
+                entries.push_back(&inflight_.back());  // stable: the ring never grows
             }
-            inflight_.push_back(Inflight{std::move(q.item), q.version, false});
-            e = &inflight_.back();
             sending_ = true;
             sock = fd_.get();
         }
         cv_.notify_all();  // the receiver may be waiting for work
 
-        unsigned char hdr[kTcpHeaderLen];
-        TcpHeader h;
-        h.size = e->item.length;
-        h.addr = e->item.remote_addr;
-        h.opcode = static_cast<uint8_t>(e->item.opcode == kTcpOpWrite ? kTcpOpWrite : kTcpOpRead);
-        if (e->version >= 2) h.opcode |= kTcpV2Flag;
-        encode_tcp_header(h, hdr);
-        const int device = e->item.local_device();
+        // These entries are ours to send: the receiver only reads them once
+        // they are marked sent, and they stay put in the ring.
         IoResult io;
         std::string gpu_err;
-        if (device >= 0 && e->item.opcode == kTcpOpWrite) {
-            // GPU source: header, then the payload staged chunk by chunk.
-            io = send_all(sock, hdr, sizeof hdr);
-            if (io.ok()) io = gpu::send_from_device(sock, e->item.local, static_cast<size_t>(h.size), device, gpu_err);
-        } else {
-            struct iovec iov[2];
-            int n = 0;
-            iov[n++] = {hdr, sizeof hdr};
-            if (e->item.opcode == kTcpOpWrite) iov[n++] = {e->item.local, static_cast<size_t>(h.size)};
-            io = sendv_all(sock, iov, n);
+        auto flush = [&]() {
+            if (!iov.empty()) io = sendv_all(sock, iov.data(), static_cast<int>(iov.size()));
+            iov.clear();
+            std::lock_guard<std::mutex> g(mu_);
+            if (io.ok())
+                for (Inflight *e : pending) e->sent = true;
+            pending.clear();
+            cv_.notify_all();
+            return io.ok();
+        };
+        uint64_t same_host_count = 0;
+        for (size_t i = 0; i < run.size() && io.ok(); ++i) {
+            Inflight *e = entries[i];
+            unsigned char *hdr = hdrs[i].data();
+            TransferItem &it = e->item;
+            const bool write = it.opcode == kTcpOpWrite;
+            const int device = it.local_device();
+            TcpHeader h;
+            h.size = it.length;
+            h.addr = it.remote_addr;
+            if (e->cma) {
+                h.opcode = write ? kTcpOpCmaWrite : kTcpOpCmaRead;
+                encode_tcp_header(h, hdr);
+                put_le64(hdr + kTcpHeaderLen, reinterpret_cast<uint64_t>(it.local));
+                iov.push_back({hdr, kCmaRequestLen});
+                ++same_host_count;
+            } else if (device >= 0 && write) {
+                // GPU source: what is gathered, then header and payload
+                // staged chunk by chunk.
+                if (!flush()) break;
+                h.opcode = static_cast<uint8_t>(kTcpOpWrite | (e->version >= 2 ? kTcpV2Flag : 0));
+                encode_tcp_header(h, hdr);
+                io = send_all(sock, hdr, kTcpHeaderLen);
+                if (io.ok())
+                    io = gpu::send_from_device(sock, it.local, static_cast<size_t>(h.size), device, gpu_err);
+                pending.push_back(e);
+                if (!flush()) break;
+                continue;
+            } else {
+                h.opcode = static_cast<uint8_t>((write ? kTcpOpWrite : kTcpOpRead) |
+                                                (e->version >= 2 ? kTcpV2Flag : 0));
+                encode_tcp_header(h, hdr);
+                iov.push_back({hdr, kTcpHeaderLen});
+                if (write) iov.push_back({it.local, static_cast<size_t>(h.size)});
+            }
+            pending.push_back(e);
+            if (iov.size() >= kMaxSendIov && !flush()) break;
         }
+        if (io.ok()) flush();
+        if (same_host_count) peer_.same_host_sent.fetch_add(same_host_count, std::memory_order_relaxed);
 
         std::lock_guard<std::mutex> g(mu_);
         sending_ = false;
-        if (io.ok()) {
-            e->sent = true;
-        } else {
-            MC_LOG(Info, "TCP lane " << index_ << ": sending " << describe(e->item, peer_.label)
-                                     << " failed: " << io.describe());
+        pending.clear();
+        iov.clear();
+        if (!io.ok()) {
+            MC_LOG(Info, "TCP lane " << index_ << ": sending to " << peer_.label
+                                     << " failed: " << (gpu_err.empty() ? io.describe() : gpu_err));
             send_error_ = gpu_err.empty() ? io.describe() : gpu_err;
             mark_broken_locked();
         }
@@ -278,7 +456,7 @@ void Lane::send_loop() {
     }
 }
 
-bool Lane::read_response(int sock, Inflight &e, std::string &why) {
+bool Lane::read_one(int sock, Inflight &e, std::string &why) {
     const bool write = e.item.opcode == kTcpOpWrite;
     const int device = e.item.local_device();
     // READ data: straight into host memory, or staged into GPU memory.
@@ -292,35 +470,154 @@ bool Lane::read_response(int sock, Inflight &e, std::string &why) {
     };
     if (e.version < 2) return write || read_payload();  // v1 WRITE has no acknowledgement
     unsigned char st[8];
-    struct iovec iov[2];
-    int n = 0;
-    iov[n++] = {st, sizeof st};
-    // Host READs take the status frame and the data in one readv.
-    const bool fused = !write && device < 0;
-    if (fused) iov[n++] = {e.item.local, static_cast<size_t>(e.item.length)};
-    IoResult io = recvv_all(sock, iov, n);
-    if (io.done >= sizeof st || io.ok()) {
-        uint64_t v = get_le64(st);
-        if (static_cast<uint32_t>(v >> 32) != kTcpStatusMagic) {
-            why = "malformed status frame from the peer";
-            return false;
-        }
-        uint32_t code = static_cast<uint32_t>(v);
-        if (code == kTcpStatusRejected) {
-            why = "the peer rejected it: the range is not inside one registered, "
-                  "remote-accessible buffer of the target segment";
-            return false;
-        }
-        if (code != kTcpStatusOk) {
-            why = "the peer answered with unknown status " + std::to_string(code);
-            return false;
-        }
-    }
+    IoResult io = recv_all(sock, st, sizeof st);
     if (!io.ok()) {
         why = io.describe();
         return false;
     }
-    return write || fused || read_payload();
+    uint64_t v = get_le64(st);
+    if (static_cast<uint32_t>(v >> 32) != kTcpStatusMagic) {
+        why = "malformed status frame from the peer";
+        return false;
+    }
+    uint32_t code = static_cast<uint32_t>(v);
+    if (code == kTcpStatusRejected) {
+        why = "the peer rejected it: the range is not inside one registered, "
+              "remote-accessible buffer of the target segment";
+        return false;
+    }
+    if (code != kTcpStatusOk) {
+        why = "the peer answered with unknown status " + std::to_string(code);
+        return false;
+    }
+    return write || read_payload();
+}
+
+bool Lane::read_batch(std::unique_lock<std::mutex> &lk, size_t n, std::string &why) {
+    // Answers of entries 0..n-1: a status frame each, then the data of
+    // plain READs, gathered into one iovec list and read with as few readv
+    // calls as the peer's sends allow.
+    size_t niov = 0;
+    for (size_t i = 0; i < n; ++i) {
+        Inflight &e = inflight_.at(i);
+        need_[i] = 8;
+        riov_[niov++] = {&st_[i], 8};
+        if (!e.cma && e.item.opcode != kTcpOpWrite) {
+            riov_[niov++] = {e.item.local, static_cast<size_t>(e.item.length)};
+            need_[i] += e.item.length;
+        }
+        keep_fail_[i] = false;
+    }
+    const int sock = fd_.get();
+    lk.unlock();
+    struct iovec *iov = riov_;
+    int cnt = static_cast<int>(niov);
+    size_t next = 0;    // first entry whose answer is not complete
+    uint64_t have = 0;  // bytes of it received so far
+    size_t popped = 0;  // entries handed back already
+    bool ok = true;
+    auto hand_back = [&]() {
+        if (next == popped) return;
+        done_.clear();
+        lk.lock();
+        for (size_t i = popped; i < next; ++i) done_.push_back(inflight_.pop_front().item);
+        cv_.notify_all();  // pipeline space for the sender
+        lk.unlock();
+        for (size_t i = popped; i < next; ++i) {
+            TransferItem &it = done_[i - popped];
+            if (keep_fail_[i]) it.fail(describe(it, peer_.label) + " failed: " + keep_why_);
+            else it.complete();
+        }
+        popped = next;
+    };
+    while (next < n) {
+        ssize_t r = ::readv(sock, iov, cnt);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            why = errno == EAGAIN || errno == EWOULDBLOCK ? "timed out with no progress"
+                                                          : errno_string(errno);
+            ok = false;
+            break;
+        }
+        if (r == 0) {
+            why = "connection closed by peer";
+            ok = false;
+            break;
+        }
+        size_t left = static_cast<size_t>(r);
+        // Move the iovec cursor past what arrived.
+        for (size_t m = left; cnt > 0 && m > 0;) {
+            size_t take = m < iov->iov_len ? m : iov->iov_len;
+            iov->iov_base = static_cast<char *>(iov->iov_base) + take;
+            iov->iov_len -= take;
+            m -= take;
+            if (iov->iov_len == 0) {
+                ++iov;
+                --cnt;
+            }
+        }
+        // Account the bytes to entries, checking each status frame as soon
+        // as it is complete.
+        while (left > 0 && next < n) {
+            uint64_t take = need_[next] - have < left ? need_[next] - have : left;
+            bool status_was_partial = have < 8;
+            have += take;
+            left -= static_cast<size_t>(take);
+            if (status_was_partial && have >= 8) {
+                uint64_t v = get_le64(reinterpret_cast<const unsigned char *>(&st_[next]));
+                uint32_t code = static_cast<uint32_t>(v);
+                if (static_cast<uint32_t>(v >> 32) != kTcpStatusMagic) {
+                    why = "malformed status frame from the peer";
+                    ok = false;
+                } else if (code == kTcpStatusRejected) {
+                    why = "the peer rejected it: the range is not inside one registered, "
+                          "remote-accessible buffer of the target segment";
+                    ok = false;
+                } else if (code == kTcpStatusCmaFailed && need_[next] == 8) {
+                    // The target could not copy between the processes; the
+                    // stream is still in step, so only this request fails.
+                    keep_fail_[next] = true;
+                    keep_why_ = "the target's cross-process copy failed (see its log)";
+                } else if (code != kTcpStatusOk) {
+                    why = "the peer answered with unknown status " + std::to_string(code);
+                    ok = false;
+                }
+                if (!ok) break;
+            }
+            if (have == need_[next]) {
+                ++next;
+                have = 0;
+            }
+        }
+        if (!ok) break;
+        hand_back();
+    }
+    hand_back();
+    lk.lock();
+    return ok;
+}
+
+void Lane::fail_all_locked(std::unique_lock<std::mutex> &lk, std::string why) {
+    if (stop_) why = "the engine is shutting down";
+    if (why.empty() && !send_error_.empty()) why = "sending failed: " + send_error_;
+    if (why.empty()) why = "the connection broke";
+    mark_broken_locked();
+    cv_.wait(lk, [this] { return !sending_; });
+    if (!inflight_.empty()) {
+        const std::string first = describe(inflight_.front().item, peer_.label) + " failed: " + why;
+        MC_LOG(Info, "TCP lane " << index_ << ": " << first);
+        bool head = true;
+        while (!inflight_.empty()) {
+            TransferItem item = inflight_.pop_front().item;
+            item.fail(head ? first
+                           : describe(item, peer_.label) +
+                                 " failed: an earlier request on its connection failed (" + why +
+                                 ")");
+            head = false;
+        }
+    }
+    receiver_busy_ = false;
+    cv_.notify_all();
 }
 
 void Lane::receive_loop() {
@@ -328,49 +625,45 @@ void Lane::receive_loop() {
     for (;;) {
         cv_.wait(lk, [this] { return stop_ || !inflight_.empty(); });
         if (inflight_.empty()) break;  // stopping and nothing left
-        Inflight &e = inflight_.front();
         receiver_busy_ = true;
-        // A WRITE's acknowledgement can only come after its payload is out;
-        // start the progress clock from there.
-        if (e.item.opcode == kTcpOpWrite)
-            cv_.wait(lk, [&] { return e.sent || broken_; });
-        std::string why;
-        bool ok = false;
-        if (!broken_) {
-            int sock = fd_.get();
-            lk.unlock();
-            ok = read_response(sock, e, why);
-            lk.lock();
-            if (ok) cv_.wait(lk, [&] { return e.sent || broken_; });
-            ok = ok && e.sent;
-        }
-        if (ok) {
-            TransferItem item = std::move(e.item);
-            inflight_.pop_front();
-            receiver_busy_ = false;
-            cv_.notify_all();
-            item.complete();
+        Inflight &e = inflight_.front();
+        // A WRITE's acknowledgement counts only after its payload is out;
+        // the progress clock starts here.
+        cv_.wait(lk, [&] { return e.sent || broken_ || !needs_sent(e); });
+        if (broken_) {
+            fail_all_locked(lk, std::string());
             continue;
         }
-        if (stop_) why = "the engine is shutting down";
-        if (why.empty() && !send_error_.empty()) why = "sending failed: " + send_error_;
-        if (why.empty()) why = stop_ ? "the engine is shutting down" : "the connection broke";
-        const std::string first = describe(e.item, peer_.label) + " failed: " + why;
-        MC_LOG(Info, "TCP lane " << index_ << ": " << first);
-        mark_broken_locked();
-        cv_.wait(lk, [this] { return !sending_; });
-        bool head = true;
-        while (!inflight_.empty()) {
-            TransferItem item = std::move(inflight_.front().item);
-            inflight_.pop_front();
-            item.fail(head ? first
-                           : describe(item, peer_.label) +
-                                 " failed: an earlier request on its connection failed (" + why +
-                                 ")");
-            head = false;
+        size_t n = 0;
+        while (n < inflight_.size() && n < kMaxRecvBatch) {
+            Inflight &x = inflight_.at(n);
+            if ((!x.sent && needs_sent(x)) || x.version < 2 || x.item.local_device() >= 0) break;
+            ++n;
         }
-        receiver_busy_ = false;
-        cv_.notify_all();
+        std::string why;
+        if (n > 0) {
+            if (read_batch(lk, n, why)) {
+                receiver_busy_ = false;
+                cv_.notify_all();
+                continue;
+            }
+        } else {
+            // GPU memory or legacy framing: one request at a time.
+            int sock = fd_.get();
+            lk.unlock();
+            bool ok = read_one(sock, e, why);
+            lk.lock();
+            if (ok) {
+                TransferItem item = inflight_.pop_front().item;
+                receiver_busy_ = false;
+                cv_.notify_all();
+                lk.unlock();
+                item.complete();
+                lk.lock();
+                continue;
+            }
+        }
+        fail_all_locked(lk, why);
     }
 }
 
@@ -378,7 +671,7 @@ TcpClient::TcpClient(TcpClientOptions opt) : opt_(opt) {}
 
 TcpClient::~TcpClient() { stop(); }
 
-void TcpClient::submit(const std::string &host, uint16_t port, int proto_version,
+void TcpClient::submit(const std::string &host, uint16_t port, int proto_version, bool same_host,
                        std::vector<TransferItem> &items) {
     std::shared_ptr<Peer> peer;
     {
@@ -387,23 +680,30 @@ void TcpClient::submit(const std::string &host, uint16_t port, int proto_version
             for (auto &it : items) it.fail("the engine is shutting down");
             return;
         }
-        std::string key = join_host_port(host, port);
-        auto &slot = peers_[key];
-        if (!slot) slot = std::make_shared<Peer>(host, port, opt_);
-        peer = slot;
+        for (auto &p : peers_)
+            if (p->port == port && p->host == host) {
+                peer = p;
+                break;
+            }
+        if (!peer) {
+            peer = std::make_shared<Peer>(host, port, opt_, same_host_sent_);
+            peers_.push_back(peer);
+        }
     }
+    if (same_host != peer->want_same_host.load(std::memory_order_relaxed))
+        peer->want_same_host.store(same_host);
     submitted_.fetch_add(items.size(), std::memory_order_relaxed);
     peer->enqueue(items, proto_version);
 }
 
 void TcpClient::stop() {
-    std::map<std::string, std::shared_ptr<Peer>> peers;
+    std::vector<std::shared_ptr<Peer>> peers;
     {
         std::lock_guard<std::mutex> g(mu_);
         stopped_ = true;
         peers.swap(peers_);
     }
-    for (auto &kv : peers) kv.second->stop();
+    for (auto &p : peers) p->stop();
 }
 
 }  // namespace mcrs

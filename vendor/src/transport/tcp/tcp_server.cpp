@@ -3,10 +3,15 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <sstream>
+#include <vector>
 
+#include "common/error.h"
 #include "common/log.h"
 #include "gpu/gpu.h"
+#include "transport/tcp/cma.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace mcrs {
@@ -79,41 +84,321 @@ void TcpServer::accept_loop() {
 }
 
 namespace {
-constexpr uint64_t kMaxDrainBytes = 16u << 20;
 
-void discard(int fd, uint64_t n) {
-    char buf[65536];
-    while (n > 0) {
-        size_t want = n < sizeof buf ? static_cast<size_t>(n) : sizeof buf;
-        if (!recv_all(fd, buf, want).ok()) return;
-        n -= want;
-    }
-}
+constexpr uint64_t kMaxDrainBytes = 16u << 20;
+constexpr size_t kInBuf = 16384;              // request headers read ahead
+constexpr size_t kMaxOutIov = 512;            // gathered answer pieces
+constexpr size_t kMaxOutBytes = size_t(4) << 20;  // flushed at this size
 
 std::string describe_request(const TcpHeader &h) {
     std::ostringstream s;
-    s << (tcp_is_write(h.opcode) ? "WRITE" : "READ") << " of " << h.size << " bytes at 0x"
-      << std::hex << h.addr;
+    const char *op = h.opcode == kTcpOpCmaRead    ? "same-host READ"
+                     : h.opcode == kTcpOpCmaWrite ? "same-host WRITE"
+                     : tcp_is_write(h.opcode)     ? "WRITE"
+                                                  : "READ";
+    s << op << " of " << h.size << " bytes at 0x" << std::hex << h.addr;
     return s.str();
 }
+
+enum class Got { Ok, Eof, Timeout, Woken, Error };
+
 }  // namespace
+
+// One connection's state: read-ahead of request headers and the answers
+// gathered but not sent yet (with the pins of the memory they point to).
+class TcpServer::Conn {
+public:
+    Conn(int fd, int wake_fd, int timeout_ms) : fd_(fd), wake_fd_(wake_fd), timeout_ms_(timeout_ms) {
+        pins_.reserve(kMaxOutIov);
+    }
+
+    int fd() const { return fd_; }
+    size_t buffered() const { return end_ - beg_; }
+    const unsigned char *head() const { return in_ + beg_; }
+    void consume(size_t n) {
+        beg_ += n;
+        if (beg_ == end_) beg_ = end_ = 0;
+    }
+    int last_errno() const { return err_; }
+
+    // Makes at least `need` bytes available in the read-ahead buffer
+    // (need <= kInBuf). Sends the gathered answers before it waits: when the
+    // last read found the socket drained, answer first and then poll, so a
+    // peer that sends one request at a time costs poll + recv + sendmsg per
+    // request, and a pipelining one gets many answers per sendmsg.
+    Got fill(size_t need) {
+        while (end_ - beg_ < need) {
+            if (kInBuf - beg_ < need || end_ == kInBuf) {
+                std::memmove(in_, in_ + beg_, end_ - beg_);
+                end_ -= beg_;
+                beg_ = 0;
+            }
+            if (drained_) {
+                if (!flush()) return Got::Error;
+                // Between requests there is no deadline (peers pool their
+                // connections); inside one, the progress timeout applies.
+                int r = wait_readable(fd_, wake_fd_, end_ == beg_ ? -1 : timeout_ms_);
+                if (r == 0) return Got::Timeout;
+                if (r < 0) return Got::Woken;
+                drained_ = false;
+            }
+            // After a WRITE, read just the header: when the next request is
+            // a WRITE too (a peer sending one at a time), its payload then
+            // goes straight into memory instead of through this buffer.
+            size_t space = after_write_ ? need - (end_ - beg_) : kInBuf - end_;
+            ssize_t n = ::recv(fd_, in_ + end_, space, MSG_DONTWAIT);
+            if (n > 0) {
+                end_ += static_cast<size_t>(n);
+                drained_ = static_cast<size_t>(n) < space;
+                continue;
+            }
+            if (n == 0) return Got::Eof;
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                err_ = errno;
+                return Got::Error;
+            }
+            drained_ = true;
+        }
+        return Got::Ok;
+    }
+
+    // Receives `n` payload bytes into `mem`: what was read ahead first,
+    // then straight from the socket, together with the next header when it
+    // is already there.
+    IoResult read_payload(char *mem, size_t n) {
+        size_t done = buffered() < n ? buffered() : n;
+        std::memcpy(mem, head(), done);
+        consume(done);
+        bool tried_nonblocking = false;
+        while (done < n) {
+            // The read-ahead buffer is empty here: the next header may share
+            // this read (never more than a header, so no payload is copied
+            // twice).
+            struct iovec iov[2] = {{mem + done, n - done}, {in_ + end_, kTcpHeaderLen}};
+            struct msghdr msg;
+            std::memset(&msg, 0, sizeof msg);
+            msg.msg_iov = iov;
+            msg.msg_iovlen = 2;
+            ssize_t got = ::recvmsg(fd_, &msg, tried_nonblocking ? 0 : MSG_DONTWAIT);
+            if (got < 0) {
+                if (errno == EINTR) continue;
+                if ((errno == EAGAIN || errno == EWOULDBLOCK) && !tried_nonblocking) {
+                    // Would block: answer what is gathered, then wait.
+                    tried_nonblocking = true;
+                    if (!flush()) return failed(err_ ? err_ : EPIPE, done);
+                    continue;
+                }
+                IoResult r;
+                r.done = done;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                    r.status = IoStatus::Timeout;
+                } else {
+                    r.status = IoStatus::Error;
+                    r.err = errno;
+                }
+                return r;
+            }
+            if (got == 0) {
+                IoResult r;
+                r.status = IoStatus::Eof;
+                r.done = done;
+                return r;
+            }
+            size_t g = static_cast<size_t>(got);
+            size_t to_mem = g < n - done ? g : n - done;
+            done += to_mem;
+            end_ += g - to_mem;
+            // Short of the next header: the socket had no more for now.
+            drained_ = g - to_mem < kTcpHeaderLen;
+            tried_nonblocking = false;
+        }
+        IoResult r;
+        r.done = done;
+        return r;
+    }
+
+    bool room(size_t pieces, size_t bytes) const {
+        return nout_ + pieces <= kMaxOutIov && out_bytes_ + bytes <= kMaxOutBytes;
+    }
+    // Queues a status frame (v2) for sending.
+    bool add_status(uint32_t code) {
+        if (!room(1, 8) && !flush()) return false;
+        // Each gathered piece has its own status slot.
+        unsigned char *slot = reinterpret_cast<unsigned char *>(&st_[nout_]);
+        put_le64(slot, encode_tcp_status(code));
+        out_[nout_] = {slot, 8};
+        ++nout_;
+        out_bytes_ += 8;
+        return true;
+    }
+    // Queues bytes of memory that stays valid while `pin` is held.
+    bool add_data(const void *p, size_t n, RegionPin pin) {
+        if (!room(1, 0) && !flush()) return false;
+        out_[nout_] = {const_cast<void *>(p), n};
+        ++nout_;
+        out_bytes_ += n;
+        if (pin) pins_.push_back(std::move(pin));
+        if (out_bytes_ >= kMaxOutBytes) return flush();
+        return true;
+    }
+    bool flush() {
+        if (nout_ == 0) return true;
+        IoResult io = sendv_all(fd_, out_, static_cast<int>(nout_));
+        nout_ = 0;
+        out_bytes_ = 0;
+        pins_.clear();
+        if (!io.ok()) {
+            err_ = io.err;
+            MC_LOG(Info, "TCP server: sending answers failed: " << io.describe());
+        }
+        return io.ok();
+    }
+
+    // Same-host session state.
+    enum class Cma { None, Challenged, Verified, Refused };
+    Cma cma = Cma::None;
+    pid_t peer_pid = 0;
+    uint64_t proof_slot = 0;
+    unsigned char nonce[kCmaNonceLen] = {};
+    std::chrono::steady_clock::time_point checked_at{};
+
+    // Whether process `peer_pid` holds the nonce in its slot; 0 or an errno
+    // in `err` (ENOENT for a mismatch).
+    bool holds_nonce(int &err) {
+        unsigned char got[kCmaNonceLen];
+        err = cma_read(peer_pid, proof_slot, got, sizeof got);
+        if (err == 0 && std::memcmp(got, nonce, sizeof got) != 0) err = ENOENT;
+        if (err == 0) checked_at = std::chrono::steady_clock::now();
+        return err == 0;
+    }
+    // Re-checks a verified session at most once per millisecond: a peer
+    // that exec'd, or a pid taken over by another process after the peer
+    // died, no longer holds the nonce, and nothing is copied for it.
+    bool still_verified() {
+        if (cma != Cma::Verified) return false;
+        if (std::chrono::steady_clock::now() - checked_at < std::chrono::milliseconds(1)) return true;
+        int e = 0;
+        if (holds_nonce(e)) return true;
+        MC_LOG(Warn, "TCP server: same-host peer " << peer_pid << " no longer proves itself ("
+                                                   << errno_string(e) << "); closing");
+        cma = Cma::Refused;
+        return false;
+    }
+
+private:
+    IoResult failed(int e, size_t done) {
+        IoResult r;
+        r.status = IoStatus::Error;
+        r.err = e;
+        r.done = done;
+        return r;
+    }
+
+    int fd_, wake_fd_, timeout_ms_;
+    int err_ = 0;
+    bool drained_ = true;  // the last read left nothing in the socket
+
+public:
+    bool after_write_ = false;  // the last request carried a payload
+
+private:
+    unsigned char in_[kInBuf];
+    size_t beg_ = 0, end_ = 0;
+    struct iovec out_[kMaxOutIov];
+    uint64_t st_[kMaxOutIov];
+    size_t nout_ = 0, out_bytes_ = 0;
+    std::vector<RegionPin> pins_;
+};
 
 void TcpServer::serve(Session *s) {
     const int fd = s->fd.get();
-    unsigned char hdr[kTcpHeaderLen];
+    auto conn = std::make_unique<Conn>(fd, wake_.read_fd(), static_cast<int>(opt_.progress_timeout_ms));
+    Conn &c = *conn;
+    auto drop = [&](const TcpHeader &h, const std::string &why) {
+        MC_LOG(Info, "TCP server: " << describe_request(h) << " failed: " << why);
+    };
     while (!stopping_.load()) {
-        // Idle between requests: wait without a deadline (peers pool their
-        // connections), but wake for shutdown.
-        int r = wait_readable(fd, wake_.read_fd(), -1);
-        if (r <= 0) break;
-        IoResult io = recv_all(fd, hdr, sizeof hdr);
-        if (!io.ok()) {
-            if (!(io.status == IoStatus::Eof && io.done == 0))
+        Got g = c.fill(kTcpHeaderLen);
+        if (g != Got::Ok) {
+            if (g == Got::Timeout)
+                MC_LOG(Info, "TCP server: dropping a connection: a request header stalled");
+            else if (g == Got::Error)
                 MC_LOG(Info, "TCP server: dropping a connection while reading a header: "
-                                 << io.describe());
+                                 << errno_string(c.last_errno()));
+            else if (g == Got::Eof && c.buffered() != 0)
+                MC_LOG(Info, "TCP server: dropping a connection: it closed inside a header");
             break;
         }
-        TcpHeader h = decode_tcp_header(hdr);
+        TcpHeader h = decode_tcp_header(c.head());
+
+        if (tcp_is_cma(h.opcode)) {
+            if (h.opcode == kTcpOpCmaHello) {
+                if (c.fill(kTcpHeaderLen + kCmaHelloBodyLen) != Got::Ok) break;
+                const unsigned char *b = c.head() + kTcpHeaderLen;
+                c.peer_pid = static_cast<pid_t>(get_le64(b));
+                c.proof_slot = get_le64(b + 8);
+                c.consume(kTcpHeaderLen + kCmaHelloBodyLen);
+                if (!opt_.enable_same_host || c.cma != Conn::Cma::None || c.peer_pid <= 0 ||
+                    !random_bytes(c.nonce, sizeof c.nonce)) {
+                    c.cma = Conn::Cma::Refused;
+                    if (!c.add_status(kTcpStatusCmaRefused)) break;
+                    continue;
+                }
+                c.cma = Conn::Cma::Challenged;
+                if (!c.add_status(kTcpStatusOk) || !c.add_data(c.nonce, sizeof c.nonce, RegionPin()))
+                    break;
+                continue;
+            }
+            if (h.opcode == kTcpOpCmaProof) {
+                c.consume(kTcpHeaderLen);
+                bool ok = false;
+                if (c.cma == Conn::Cma::Challenged) {
+                    int e = 0;
+                    ok = c.holds_nonce(e);
+                    if (!ok)
+                        MC_LOG(Info, "TCP server: same-host session refused: "
+                                         << (e != ENOENT ? "reading the peer's proof failed: " + errno_string(e)
+                                                         : std::string("the peer's proof does not match"))
+                                         << "; it goes on over TCP");
+                }
+                c.cma = ok ? Conn::Cma::Verified : Conn::Cma::Refused;
+                if (ok) MC_LOG(Debug, "TCP server: same-host session with pid " << c.peer_pid);
+                if (!c.add_status(ok ? kTcpStatusOk : kTcpStatusCmaRefused)) break;
+                continue;
+            }
+            if (c.fill(kCmaRequestLen) != Got::Ok) break;
+            uint64_t peer_addr = get_le64(c.head() + kTcpHeaderLen);
+            c.consume(kCmaRequestLen);
+            const bool verified = c.still_verified();
+            RegionPin pin = verified ? registry_.pin(h.addr, h.size, /*need_remote=*/true) : RegionPin();
+            if (!pin || pin.region()->device >= 0) {
+                rejected_.fetch_add(1);
+                MC_LOG(Warn, "TCP server: rejected " << describe_request(h)
+                                                     << (!verified ? ": the session is not verified"
+                                                                   : ": not inside one registered "
+                                                                     "remote-accessible host buffer"));
+                c.add_status(kTcpStatusRejected);
+                c.flush();
+                break;
+            }
+            served_.fetch_add(1, std::memory_order_relaxed);
+            char *mem = reinterpret_cast<char *>(h.addr);
+            int e = h.opcode == kTcpOpCmaRead
+                        ? cma_write(c.peer_pid, peer_addr, mem, static_cast<size_t>(h.size))
+                        : cma_read(c.peer_pid, peer_addr, mem, static_cast<size_t>(h.size));
+            pin.release();
+            if (e != 0) {
+                drop(h, "cross-process copy: " + errno_string(e));
+                if (!c.add_status(kTcpStatusCmaFailed)) break;
+                continue;
+            }
+            same_host_served_.fetch_add(1, std::memory_order_relaxed);
+            if (!c.add_status(kTcpStatusOk)) break;
+            continue;
+        }
+
+        c.consume(kTcpHeaderLen);
         const bool v2 = tcp_is_v2(h.opcode);
         const bool write = tcp_is_write(h.opcode);
         RegionPin pin = registry_.pin(h.addr, h.size, /*need_remote=*/true);
@@ -122,6 +407,8 @@ void TcpServer::serve(Session *s) {
             MC_LOG(Warn, "TCP server: rejected " << describe_request(h)
                                                  << ": not inside one registered "
                                                     "remote-accessible buffer");
+            // Earlier answers go out first, in order.
+            if (!c.flush()) break;
             if (v2) {
                 unsigned char st[8];
                 put_le64(st, encode_tcp_status(kTcpStatusRejected));
@@ -130,22 +417,45 @@ void TcpServer::serve(Session *s) {
             // A rejected WRITE's payload is still on its way. Discard a
             // modest one so our close is a FIN, not a reset that could
             // destroy the reject frame before the peer reads it.
-            if (write && h.size <= kMaxDrainBytes) discard(fd, h.size);
+            if (write && h.size <= kMaxDrainBytes) {
+                uint64_t left = h.size;
+                size_t have = c.buffered() < left ? c.buffered() : static_cast<size_t>(left);
+                c.consume(have);
+                left -= have;
+                char buf[65536];
+                while (left > 0) {
+                    size_t want = left < sizeof buf ? static_cast<size_t>(left) : sizeof buf;
+                    if (!recv_all(fd, buf, want).ok()) break;
+                    left -= want;
+                }
+            }
             break;  // close: the peer's stream position is unknown from here
         }
         served_.fetch_add(1, std::memory_order_relaxed);
         char *mem = reinterpret_cast<char *>(h.addr);
+        const size_t size = static_cast<size_t>(h.size);
         const int device = pin.region()->device;
         if (device >= 0) {
-            // GPU memory: staged through pinned buffers, chunk by chunk.
+            // GPU memory: staged through pinned buffers, chunk by chunk, in
+            // order after everything gathered so far.
+            if (!c.flush()) break;
             std::string err;
+            IoResult io;
             if (!write) {
                 unsigned char st[8];
                 put_le64(st, encode_tcp_status(kTcpStatusOk));
                 if (v2 && !send_all(fd, st, sizeof st).ok()) break;
-                io = gpu::send_from_device(fd, mem, static_cast<size_t>(h.size), device, err);
+                io = gpu::send_from_device(fd, mem, size, device, err);
             } else {
-                io = gpu::recv_into_device(fd, mem, static_cast<size_t>(h.size), device, err);
+                size_t have = c.buffered() < size ? c.buffered() : size;
+                try {
+                    if (have) gpu::copy(mem, c.head(), have);
+                } catch (const Error &e) {
+                    err = e.what();
+                }
+                c.consume(have);
+                if (err.empty()) io = gpu::recv_into_device(fd, mem + have, size - have, device, err);
+                else io.status = IoStatus::Error;
                 pin.release();
                 if (io.ok() && v2) {
                     unsigned char st[8];
@@ -154,37 +464,24 @@ void TcpServer::serve(Session *s) {
                 }
             }
             if (!io.ok()) {
-                MC_LOG(Info, "TCP server: " << describe_request(h) << " (GPU " << device
-                                             << ") failed: " << (err.empty() ? io.describe() : err));
+                drop(h, "(GPU " + std::to_string(device) + ") " + (err.empty() ? io.describe() : err));
                 break;
             }
             continue;
         }
         if (!write) {
-            unsigned char st[8];
-            put_le64(st, encode_tcp_status(kTcpStatusOk));
-            struct iovec iov[2];
-            int n = 0;
-            if (v2) iov[n++] = {st, sizeof st};
-            iov[n++] = {mem, static_cast<size_t>(h.size)};
-            io = sendv_all(fd, iov, n);
-            if (!io.ok()) {
-                MC_LOG(Info, "TCP server: " << describe_request(h) << " failed: " << io.describe());
-                break;
-            }
+            c.after_write_ = false;
+            if (v2 && !c.add_status(kTcpStatusOk)) break;
+            if (!c.add_data(mem, size, std::move(pin))) break;
         } else {
-            io = recv_all(fd, mem, static_cast<size_t>(h.size));
+            c.after_write_ = true;
+            IoResult io = c.read_payload(mem, size);
             if (!io.ok()) {
-                MC_LOG(Info, "TCP server: " << describe_request(h) << " failed: " << io.describe());
+                drop(h, io.describe());
                 break;
             }
             pin.release();
-            if (v2) {
-                unsigned char st[8];
-                put_le64(st, encode_tcp_status(kTcpStatusOk));
-                io = send_all(fd, st, sizeof st);
-                if (!io.ok()) break;
-            }
+            if (v2 && !c.add_status(kTcpStatusOk)) break;
         }
     }
     // Send FIN now; the reaper closes the descriptor later.

@@ -3,6 +3,14 @@
 // remote-accessible buffer (upstream issue #2313 let any peer read or write
 // anything); the buffer stays pinned while its bytes move. Idle connections
 // are kept open indefinitely, as upstream clients require.
+//
+// Each connection has one thread. It parses every request header that has
+// arrived before answering, and answers pipelined requests with as few
+// sendmsg calls as it can (status frames and READ data gathered into one
+// iovec list, flushed before it would block on input or when it holds
+// kMaxOutBytes), so that small requests cost a fraction of a syscall each.
+// Same-host sessions (tcp_wire.h) copy by cross-memory attach instead of
+// sending payload.
 #pragma once
 
 #include <atomic>
@@ -20,6 +28,8 @@ namespace mcrs {
 struct TcpServerOptions {
     uint32_t progress_timeout_ms = 30000;
     uint32_t max_connections = 1024;
+    // Accept same-host sessions (see EngineConfig::enable_same_host).
+    bool enable_same_host = true;
 };
 
 class TcpServer {
@@ -33,6 +43,9 @@ public:
     void stop();
     uint64_t rejected_requests() const { return rejected_.load(); }
     uint64_t served_requests() const { return served_.load(); }
+    uint64_t same_host_served() const { return same_host_served_.load(); }
+
+    class Conn;
 
 private:
     struct Session {
@@ -54,6 +67,7 @@ private:
     std::list<std::unique_ptr<Session>> sessions_;
     std::atomic<uint64_t> rejected_{0};
     std::atomic<uint64_t> served_{0};
+    std::atomic<uint64_t> same_host_served_{0};
 };
 
 }  // namespace mcrs

@@ -1,0 +1,22 @@
+// Cross-memory attach (process_vm_readv/process_vm_writev) between two
+// processes of this host, for the same-host CPU path. Copies loop over
+// partial transfers; failures return the errno (EPERM: ptrace rules forbid
+// it; ESRCH: no such process; EFAULT: a range is not mapped).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mcrs {
+
+// Copies `len` bytes at `remote` in process `pid` into `local`.
+// Returns 0 or an errno value.
+int cma_read(pid_t pid, uint64_t remote, void *local, size_t len);
+// Copies `len` bytes at `local` into `remote` in process `pid`.
+int cma_write(pid_t pid, uint64_t remote, const void *local, size_t len);
+// Fills `out` with `len` random bytes (getrandom, /dev/urandom as fallback).
+bool random_bytes(void *out, size_t len);
+
+}  // namespace mcrs
