@@ -35,4 +35,5 @@ for line in sys.stdin:
   if ldd "$d"/* | grep -q libcudart; then echo "build-gpu-bundle: libcudart is linked dynamically" >&2; exit 1; fi
 done
 cp scripts/gpu-lane.sh "$out/run.sh"
+cp scripts/lane-step.sh "$out/lane-step.sh"
 du -sh "$out"

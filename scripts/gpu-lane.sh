@@ -12,14 +12,7 @@ out=${OUT:-$PWD/gpu-lane-logs}
 mkdir -p "$out"
 export MOONCAKE_GPU_TESTS=1
 status=0
-step() { # name log command...
-  local name=$1 log=$2; shift 2
-  local t0=$SECONDS
-  "$@" >"$log" 2>&1
-  local rc=$?
-  printf '%-34s rc=%d  %ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$out/summary.txt"
-  [ $rc -eq 0 ] || { status=1; tail -n 30 "$log"; }
-}
+. "$here/lane-step.sh"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m; uname -r;
   ldd --version | head -1; } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"

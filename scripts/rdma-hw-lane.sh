@@ -19,14 +19,7 @@ if [ -z "$(ls /sys/class/infiniband 2>/dev/null)" ]; then
   echo "rdma-hw-lane: no RDMA device under /sys/class/infiniband: this lane needs real NICs" >&2
   exit 1
 fi
-step() { # name log command...
-  local name=$1 log=$2; shift 2
-  local t0=$SECONDS
-  "$@" >"$log" 2>&1
-  local rc=$?
-  printf '%-34s rc=%d  %ds\n' "$name" "$rc" $((SECONDS - t0)) | tee -a "$out/summary.txt"
-  [ $rc -eq 0 ] || { status=1; tail -n 40 "$log"; }
-}
+. scripts/lane-step.sh
 step "build (vendor, build/hw)" "$out/build.txt" make -C vendor -j"$(nproc)" BUILD=build/hw all
 step "C++ rdma_hw_loopback" "$out/hw-loopback.txt" timeout 300 vendor/build/hw/engine_tests rdma_hw_
 grep -q "rdma_hw_loopback: " "$out/hw-loopback.txt" || { echo "rdma_hw_loopback did not run" >&2; status=1; }

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "gpu/cuda_api.h"
+#include "gpu/gpu.h"
+#include "gpu/ipc_handle.h"
 #include "mooncake_ext.h"
 
 extern char **environ;
@@ -136,12 +138,7 @@ int peer_main(size_t size, int device) {
     // Also hand out the raw IPC handle, for the bench's own mapping ceiling.
     cudaIpcMemHandle_t h;
     if (cudaIpcGetMemHandle(&h, d) != cudaSuccess) die("cudaIpcGetMemHandle");
-    std::string hex;
-    for (unsigned char c : h.reserved) {
-        static const char *digits = "0123456789abcdef";
-        hex.push_back(digits[c >> 4]);
-        hex.push_back(digits[c & 15]);
-    }
+    const std::string hex = mcrs::gpu::format_ipc_handle(h);
     std::printf("READY %s %llu %s\n", name_of(e).c_str(), static_cast<unsigned long long>(reinterpret_cast<uint64_t>(d)),
                 hex.c_str());
     std::fflush(stdout);
@@ -154,8 +151,7 @@ int peer_main(size_t size, int device) {
 
 double ipc_mapping_ceiling(const std::string &hex, void *local, size_t n, int iters, bool into_mapping) {
     cudaIpcMemHandle_t h;
-    for (size_t i = 0; i < sizeof h.reserved; ++i)
-        h.reserved[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+    if (!mcrs::gpu::parse_ipc_handle(hex, h)) die("malformed IPC handle from the peer");
     cudaSetDevice(0);
     void *mapped = nullptr;
     if (cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) die("cudaIpcOpenMemHandle");

@@ -5,11 +5,39 @@
 
 #include "gpu/cuda_api.h"
 #include "gpu/gpu.h"
+#include "gpu/ipc_handle.h"
 
 namespace mcrs {
 namespace gpu {
 
 #if MC_WITH_CUDA
+
+std::string format_ipc_handle(const cudaIpcMemHandle_t &h) {
+    static const char *digits = "0123456789abcdef";
+    std::string hex;
+    hex.reserve(2 * sizeof h.reserved);
+    for (char ch : h.reserved) {
+        auto c = static_cast<unsigned char>(ch);
+        hex.push_back(digits[c >> 4]);
+        hex.push_back(digits[c & 15]);
+    }
+    return hex;
+}
+
+bool parse_ipc_handle(const std::string &hex, cudaIpcMemHandle_t &out) {
+    if (hex.size() != 2 * sizeof out.reserved) return false;
+    auto nib = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        return -1;
+    };
+    for (size_t i = 0; i < sizeof out.reserved; ++i) {
+        int hi = nib(hex[2 * i]), lo = nib(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) return false;
+        out.reserved[i] = static_cast<char>(hi << 4 | lo);
+    }
+    return true;
+}
 
 bool ipc_export(const void *ptr, IpcExport &out, std::string &err) {
     PointerKind k = classify(ptr);
@@ -27,12 +55,7 @@ bool ipc_export(const void *ptr, IpcExport &out, std::string &err) {
         err = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(e);
         return false;
     }
-    static const char *hex = "0123456789abcdef";
-    out.handle_hex.clear();
-    for (unsigned char c : h.reserved) {
-        out.handle_hex.push_back(hex[c >> 4]);
-        out.handle_hex.push_back(hex[c & 15]);
-    }
+    out.handle_hex = format_ipc_handle(h);
     out.offset = reinterpret_cast<uint64_t>(ptr) - base;
     out.device = k.ordinal;
     return true;
@@ -44,22 +67,9 @@ void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, st
         return nullptr;
     }
     cudaIpcMemHandle_t h;
-    if (handle_hex.size() != 2 * sizeof h.reserved) {
+    if (!parse_ipc_handle(handle_hex, h)) {
         err = "malformed CUDA IPC handle";
         return nullptr;
-    }
-    auto nib = [](char c) -> int {
-        if (c >= '0' && c <= '9') return c - '0';
-        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-        return -1;
-    };
-    for (size_t i = 0; i < sizeof h.reserved; ++i) {
-        int hi = nib(handle_hex[2 * i]), lo = nib(handle_hex[2 * i + 1]);
-        if (hi < 0 || lo < 0) {
-            err = "malformed CUDA IPC handle";
-            return nullptr;
-        }
-        h.reserved[i] = static_cast<char>(hi << 4 | lo);
     }
     // Map on a local GPU: the peer's device when we have it, else ours.
     int local = device >= 0 && device < status().device_count ? device : 0;

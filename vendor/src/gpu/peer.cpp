@@ -2,8 +2,9 @@
 // P2P) the copy engines move bytes GPU to GPU; without it the runtime goes
 // through host memory, which is several times slower, so the choice is made
 // once per pair of devices and logged where operators will look for it.
+#include <atomic>
+#include <memory>
 #include <mutex>
-#include <vector>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -26,14 +27,21 @@ const char *peer_path_name(PeerPath p) {
 
 namespace {
 
+// One slot per ordered pair, sized once from the device count. A slot is
+// written once (under the mutex, which also serializes the probes) and read
+// lock-free afterwards: every cross-GPU copy asks, the answer never changes.
 struct PeerTable {
+    explicit PeerTable(int devices)
+        : n(devices), state(new std::atomic<int>[static_cast<size_t>(devices) * devices]) {
+        for (size_t i = 0; i < static_cast<size_t>(n) * n; ++i) state[i].store(-1);
+    }
     std::mutex mu;
-    int n = 0;
-    std::vector<int> state;  // n*n: -1 unknown, else a PeerPath value
+    const int n;
+    std::unique_ptr<std::atomic<int>[]> state;  // n*n: -1 unknown, else a PeerPath value
 };
 
-PeerTable &table() {
-    static PeerTable t;
+PeerTable &table(int device_count) {
+    static PeerTable t(device_count);
     return t;
 }
 
@@ -65,19 +73,20 @@ PeerPath peer_path(int from, int to) {
     const Status &s = status();
     if (!s.usable || from < 0 || to < 0 || from >= s.device_count || to >= s.device_count)
         return PeerPath::Staged;
-    PeerTable &t = table();
+    PeerTable &t = table(s.device_count);
+    if (from >= t.n || to >= t.n) return PeerPath::Staged;
+    std::atomic<int> &slot = t.state[static_cast<size_t>(from) * t.n + to];
+    int known = slot.load(std::memory_order_acquire);
+    if (known >= 0) return static_cast<PeerPath>(known);
     std::lock_guard<std::mutex> g(t.mu);
-    if (t.n == 0) {
-        t.n = s.device_count;
-        t.state.assign(static_cast<size_t>(t.n) * t.n, -1);
-    }
-    int &slot = t.state[static_cast<size_t>(from) * t.n + to];
-    if (slot < 0) {
+    known = slot.load(std::memory_order_relaxed);
+    if (known < 0) {
         PeerPath p = probe(from, to);
-        slot = static_cast<int>(p);
+        known = static_cast<int>(p);
+        slot.store(known, std::memory_order_release);
         MC_LOG(Info, "GPU " << from << " -> GPU " << to << ": " << peer_path_name(p));
     }
-    return static_cast<PeerPath>(slot);
+    return static_cast<PeerPath>(known);
 }
 
 void copy_between(void *dst, int dst_device, const void *src, int src_device, size_t n) {
