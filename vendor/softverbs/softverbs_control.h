@@ -92,10 +92,14 @@ int mc_softverbs_set_qp_error(const char *device, uint32_t qp_num);
  * fail with errno EFAULT (a GPU buffer without nvidia-peermem). */
 int mc_softverbs_add_efault_range(uint64_t addr, uint64_t length);
 void mc_softverbs_clear_efault_ranges(void);
+/* The next `count` successful WRs executed by `device` move their data but
+ * never produce a completion (a lost CQE), so tests can exercise slice
+ * timeouts. 0 cancels. */
+int mc_softverbs_drop_completions(const char *device, int count);
 /* Holds (paused = 1) or resumes the execution of posted WRs on a device,
  * so tests can fill send queues and CQs deterministically. */
 int mc_softverbs_set_paused(const char *device, int paused);
-/* Clears injected errors, EFAULT ranges and pauses and puts every port
+/* Clears injected errors, dropped completions, EFAULT ranges and pauses and puts every port
  * back in its configured state (raising PORT_ACTIVE / PORT_ERR where that
  * changes it). Counters are kept. */
 void mc_softverbs_reset_faults(void);

@@ -95,6 +95,16 @@ SV_EXPORT void mc_softverbs_clear_efault_ranges(void) {
     registry().efault.clear();
 }
 
+SV_EXPORT int mc_softverbs_drop_completions(const char *device, int count) {
+    ensure_configured();
+    std::lock_guard<std::mutex> lock(registry().mu);
+    Device *d = lookup(device);
+    if (!d) return ENODEV;
+    if (count < 0) return EINVAL;
+    d->drop_completions = count;
+    return 0;
+}
+
 SV_EXPORT int mc_softverbs_set_paused(const char *device, int paused) {
     ensure_configured();
     std::lock_guard<std::mutex> lock(registry().mu);
@@ -112,6 +122,7 @@ SV_EXPORT void mc_softverbs_reset_faults(void) {
     reg.efault.clear();
     for (auto &d : reg.devices) {
         set_paused(d.get(), false);
+        d->drop_completions = 0;
         set_port(d.get(), d->spec.port_up);
     }
 }

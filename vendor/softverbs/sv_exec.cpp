@@ -121,6 +121,11 @@ void execute(Device *dev, const Work &w) {
         ++dev->counters.wrs_failed;
         set_qp_error(&q);
     }
+    // A lost completion (test fault): the data moved, no CQE ever comes.
+    if (status == IBV_WC_SUCCESS && dev->drop_completions > 0) {
+        --dev->drop_completions;
+        return;
+    }
     // Errors (flushes included) always complete; successes only if signaled.
     if (status == IBV_WC_SUCCESS && !q.sig_all && !(w.flags & IBV_SEND_SIGNALED)) return;
     Cqe e;

@@ -176,6 +176,7 @@ struct Device {
     std::deque<Work> queue;
     bool stop = false;
     bool paused = false;
+    int drop_completions = 0;  // successful WRs whose CQE is lost (Registry::mu)
     bool busy = false;  // the worker holds a WR taken from the queue
     std::thread worker;
 };

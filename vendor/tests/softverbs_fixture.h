@@ -35,6 +35,7 @@ struct Controls {
     int (*add_efault_range)(uint64_t, uint64_t) = nullptr;
     void (*clear_efault_ranges)() = nullptr;
     int (*set_paused)(const char *, int) = nullptr;
+    int (*drop_completions)(const char *, int) = nullptr;
     void (*reset_faults)() = nullptr;
     int (*get_counters)(const char *, mc_softverbs_counters *) = nullptr;
     void (*reset_counters)() = nullptr;
@@ -63,6 +64,7 @@ inline Controls &sv() {
         bind(*k.lib, "mc_softverbs_add_efault_range", k.add_efault_range);
         bind(*k.lib, "mc_softverbs_clear_efault_ranges", k.clear_efault_ranges);
         bind(*k.lib, "mc_softverbs_set_paused", k.set_paused);
+        bind(*k.lib, "mc_softverbs_drop_completions", k.drop_completions);
         bind(*k.lib, "mc_softverbs_reset_faults", k.reset_faults);
         bind(*k.lib, "mc_softverbs_get_counters", k.get_counters);
         bind(*k.lib, "mc_softverbs_reset_counters", k.reset_counters);

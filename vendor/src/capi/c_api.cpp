@@ -70,13 +70,13 @@ int getLocalIpAndPort(transfer_engine_t engine, char *buf_out, size_t buf_len) {
 }
 
 transport_t installTransport(transfer_engine_t engine, const char *proto, void **args) {
-    // args[0]: an RDMA priority matrix (JSON); not used yet (the matrix
-    // comes from discovery or MC_CUSTOM_TOPO_JSON).
-    (void)args;
+    // args[0] (rdma): a priority matrix as a JSON C string, as upstream.
     return guard_value<transport_t>("installTransport", nullptr, [&]() -> transport_t {
         TransferEngine *e = engine_of(engine, "installTransport");
         if (!proto) throw Error(kErrInvalidArgument, "protocol is null");
-        e->install_transport(proto);
+        std::string topo;
+        if (args && args[0] && std::string(proto) == "rdma") topo = static_cast<const char *>(args[0]);
+        e->install_transport(proto, topo);
         return std::string(proto) == "rdma" ? &g_rdma_transport_token : &g_tcp_transport_token;
     });
 }

@@ -37,6 +37,8 @@ struct EngineConfig {
     uint32_t handshake_timeout_ms = 10000;  // whole request/reply exchange
     uint64_t handshake_max_length = 1u << 20;
     uint32_t handshake_max_connections = 256;
+    // RDMA ready-ACK wait (PROTOCOL.md 6.2 step 4); settable for tests only.
+    uint32_t rdma_ready_ack_timeout_ms = 10000;
 
     uint32_t tcp_connect_timeout_ms = 5000;
     uint32_t tcp_progress_timeout_ms = 30000;

@@ -111,24 +111,38 @@ TransferEngine::~TransferEngine() {
     registry_.clear();
 }
 
-void TransferEngine::install_transport(const std::string &proto) {
+void TransferEngine::install_transport(const std::string &proto, const std::string &topology_json) {
     if (proto == "rdma") {
         std::lock_guard<std::mutex> g(install_mu_);
-        if (rdma_installed_.load()) return;
+        if (rdma_installed_.load()) {
+            if (!topology_json.empty() &&
+                rdma::Topology::from_json_text(topology_json, kErrInvalidArgument, "installTransport topology")
+                        .to_json()
+                        .dump() != rdma_->topology().to_json().dump())
+                throw Error(kErrInvalidArgument,
+                            "the RDMA transport is already installed with another topology; create "
+                            "the engine without the rdma protocol to install it with this one");
+            return;
+        }
         rdma::RdmaTransportOptions o;
+        o.topology_json = topology_json;
+        o.ready_ack_timeout_ms = cfg_.rdma_ready_ack_timeout_ms;
+        o.fetch_descriptor = [this](const std::string &n) { return fetch_descriptor(n); };
         o.server_name = segment_name_;
         o.allow = cfg_.device_allow_list;
         o.deny = cfg_.device_deny_list;
         o.gpu_mode = cfg_.gpu_registration_mode;
         HandshakeClientOptions ho = client_options(cfg_);
-        o.send_handshake = [ho](const std::string &segment, const Json &body) {
+        o.send_handshake = [ho](const std::string &segment, const Json &body, uint32_t timeout_ms) {
             HostPort hp = parse_host_port(segment);
-            return handshake_request(hp.host, hp.port, kHsConnection, body, ho);
+            HandshakeClientOptions x = ho;
+            if (timeout_ms) x.timeout_ms = timeout_ms;
+            return handshake_request(hp.host, hp.port, kHsConnection, body, x);
         };
         auto t = std::make_unique<rdma::RdmaTransport>(std::move(o));
         // Memory registered before the transport came: register it now.
         for (const auto &r : registry_.snapshot(/*remote_only=*/false))
-            t->register_region(r.addr, r.length, r.device, r.remote_accessible);
+            t->register_region(r.addr, r.length, r.device, r.remote_accessible, r.location);
         rdma_ = std::move(t);
         rdma_installed_.store(true);
         return;
@@ -299,7 +313,7 @@ void TransferEngine::register_memory(void *addr, size_t len, const std::string &
     registry_.add_batch({r});
     if (auto *t = rdma()) {
         try {
-            t->register_region(r.addr, r.length, r.device, r.remote_accessible);
+            t->register_region(r.addr, r.length, r.device, r.remote_accessible, r.location);
         } catch (...) {
             registry_.remove(r.addr);
             throw;
@@ -316,7 +330,7 @@ void TransferEngine::register_memory_batch(const std::vector<RegionInfo> &region
         try {
             for (; done < rs.size(); ++done)
                 t->register_region(rs[done].addr, rs[done].length, rs[done].device,
-                                   rs[done].remote_accessible);
+                                   rs[done].remote_accessible, rs[done].location);
         } catch (...) {
             for (size_t i = 0; i < done; ++i) t->deregister_region(rs[i].addr);
             for (auto &r : rs) registry_.remove(r.addr);

@@ -45,7 +45,9 @@ public:
 
     // Installs "tcp" or "rdma" (others: kErrNotImplemented). Idempotent.
     // "rdma" throws Error when no usable NIC / verbs library is found.
-    void install_transport(const std::string &proto);
+    // `topology_json` (rdma only): a priority matrix replacing discovery and
+    // MC_CUSTOM_TOPO_JSON; installing again with a different one throws.
+    void install_transport(const std::string &proto, const std::string &topology_json = "");
     bool has_tcp() const { return tcp_installed_.load(); }
     bool has_rdma() const { return rdma_installed_.load(); }
     // The RDMA transport, or null when not installed.

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "transport/rdma/gid.h"
 #include "transport/rdma/gpu_reg_mode.h"
 #include "transport/rdma/handshake_desc.h"
+#include "transport/rdma/nic_choice.h"
 #include "transport/rdma/nic_filter.h"
 #include "transport/rdma/slicer.h"
 #include "transport/rdma/sysfs_reader.h"
@@ -72,6 +74,7 @@ struct RdmaTransport::Endpoint {
     std::atomic<uint32_t> rr{0};
     std::mutex post_mu;
     std::unique_ptr<std::atomic<int>[]> qp_outstanding;  // per QP, <= MC_MAX_WR
+    std::chrono::steady_clock::time_point ack_deadline;  // passive, WaitReadyAck
 };
 
 namespace {
@@ -89,17 +92,24 @@ struct RdmaTransport::Slice {
     int opcode = 0;
     uint64_t local = 0, remote = 0, len = 0;
     size_t peer_buf = 0;
-    std::vector<size_t> local_nics;  // eligible local NICs (plan order)
-    std::vector<size_t> peer_nics;   // eligible peer NICs (indexes into peer->devices)
-    size_t local_pos = 0, peer_pos = 0;
+    std::shared_ptr<const LocalNicPlan> plan;  // local NICs: stripe, then fallback
+    std::shared_ptr<const std::vector<size_t>> peer_nics;  // indexes into peer->devices
+    size_t local_pos = 0, peer_pos = 0;  // local_pos: into stripe + fallback
+    long avoid_local = -1;               // a local fault happened on this NIC
     int retries = 0;
     std::shared_ptr<Endpoint> ep;
     size_t qp_index = 0;
-    std::chrono::steady_clock::time_point deadline;
+    std::chrono::steady_clock::time_point deadline;   // back-pressure wait
+    std::chrono::steady_clock::time_point posted_at;  // the slice timeout counts from here
+
+    size_t nic() const { return local_at(*plan, local_pos); }
+    size_t peer_idx() const { return (*peer_nics)[peer_pos % peer_nics->size()]; }
 };
 
 RdmaTransport::RdmaTransport(RdmaTransportOptions opt, RdmaConfig cfg)
-    : opt_(std::move(opt)), cfg_(std::move(cfg)) {
+    : opt_(std::move(opt)),
+      cfg_(std::move(cfg)),
+      rails_(RailPolicy{5, 5000, static_cast<int64_t>(cfg_.rail_pause_seconds) * 1000}) {
     try {
         lib_ = &ibv::VerbsLibrary::load(opt_.verbs_library);
     } catch (const Error &e) {
@@ -139,6 +149,14 @@ RdmaTransport::~RdmaTransport() {
     for (auto &gy : graveyard_)
         for (auto *q : gy->qps) api.destroy_qp(q);
     graveyard_.clear();
+    // With every QP gone no completion can name these any more.
+    {
+        std::lock_guard<std::mutex> pg(posted_mu_);
+        for (auto *z : zombies_) delete z;
+        zombies_.clear();
+        for (auto *s : posted_) finish_slice(s, false, "the RDMA transport is shutting down");
+        posted_.clear();
+    }
     {
         std::lock_guard<std::mutex> r(reg_mu_);
         for (auto &kv : regs_) {
@@ -274,11 +292,13 @@ void RdmaTransport::discover() {
         }
     try {
         topo_ = Topology::discover(infos, nodes, {});
-        auto ov = load_topology_override("", cfg_.custom_topo_json);
+        auto ov = load_topology_override(opt_.topology_json, cfg_.custom_topo_json);
         if (ov) {
             std::vector<std::string> known;
             for (const auto &c : opened) known.push_back(c->name);
-            ov->require_known_devices(known, "MC_CUSTOM_TOPO_JSON");
+            ov->require_known_devices(known, opt_.topology_json.empty()
+                                                 ? "MC_CUSTOM_TOPO_JSON"
+                                                 : "the topology given to installTransport");
             topo_ = *ov;
         }
     } catch (...) {
@@ -305,13 +325,15 @@ void RdmaTransport::discover() {
 
 // ---- memory ----
 
-void RdmaTransport::register_region(uint64_t addr, uint64_t len, int device, bool remote) {
+void RdmaTransport::register_region(uint64_t addr, uint64_t len, int device, bool remote,
+                                    const std::string &location) {
     int access = ibv::IBV_ACCESS_LOCAL_WRITE | ibv::IBV_ACCESS_REMOTE_WRITE |
                  ibv::IBV_ACCESS_REMOTE_READ;
     if (lib_->supports_relaxed_ordering()) access |= ibv::IBV_ACCESS_RELAXED_ORDERING;
     Reg reg;
     reg.len = len;
     reg.remote = remote;
+    reg.location = location.empty() ? "*" : location;
     RegPath path = RegPath::HostRegMr;
     gpu::DmabufExport dx;
     if (device >= 0) {
@@ -360,27 +382,41 @@ void RdmaTransport::deregister_region(uint64_t addr) {
 }
 
 void RdmaTransport::fill_descriptor(SegmentDesc &d) const {
+    // 6.6: a disabled NIC leaves the published matrix. devices[], lkey[] and
+    // rkey[] follow the published matrix's HCA order so the name sets stay
+    // equal and index-based readers stay consistent. All down: publish all.
+    std::vector<size_t> order;
+    Topology pub = topo_.filtered([this](const std::string &name) {
+        for (const auto &c : ctxs_)
+            if (c->name == name) return c->usable.load();
+        return false;
+    });
+    if (pub.empty()) pub = topo_;
+    for (const auto &name : pub.hca_names())
+        for (size_t i = 0; i < ctxs_.size(); ++i)
+            if (ctxs_[i]->name == name) order.push_back(i);
     d.protocol = "rdma";
     d.rdma_server_name = "";
     d.devices.clear();
-    for (const auto &c : ctxs_) {
+    for (size_t i : order) {
+        const RdmaContext &c = *ctxs_[i];
         DeviceDesc dd;
-        dd.name = c->name;
-        dd.gid = c->gid_text;
-        dd.lid = c->lid;
-        dd.link_layer = link_layer_name(c->link_layer);
+        dd.name = c.name;
+        dd.gid = c.gid_text;
+        dd.lid = c.lid;
+        dd.link_layer = link_layer_name(c.link_layer);
         d.devices.push_back(dd);
     }
-    d.priority_matrix = topo_.to_json();
+    d.priority_matrix = pub.to_json();
     std::lock_guard<std::mutex> g(reg_mu_);
     for (auto &b : d.buffers) {
         auto it = regs_.find(b.addr);
         if (it == regs_.end()) continue;
         b.lkey.clear();
         b.rkey.clear();
-        for (auto *m : it->second.mrs) {
-            b.lkey.push_back(m->lkey);
-            if (it->second.remote) b.rkey.push_back(m->rkey);
+        for (size_t i : order) {
+            b.lkey.push_back(it->second.mrs[i]->lkey);
+            if (it->second.remote) b.rkey.push_back(it->second.mrs[i]->rkey);
         }
     }
 }
@@ -520,7 +556,7 @@ std::shared_ptr<RdmaTransport::Endpoint> RdmaTransport::get_endpoint(size_t nic,
         req.ready_ack = false;
         HandShakeDesc rep;
         try {
-            rep = decode_handshake(opt_.send_handshake(peer.name, encode_handshake(req)));
+            rep = decode_handshake(opt_.send_handshake(peer.name, encode_handshake(req), 0));
         } catch (const Error &e) {
             fail(kErrRejectHandshake, std::string("handshake with ") + peer_path + " failed: " + e.what());
         }
@@ -539,9 +575,11 @@ std::shared_ptr<RdmaTransport::Endpoint> RdmaTransport::get_endpoint(size_t nic,
             HandShakeDesc ack = make_ack(req);
             HandShakeDesc ar;
             try {
-                ar = decode_handshake(opt_.send_handshake(peer.name, encode_handshake(ack)));
+                ar = decode_handshake(
+                    opt_.send_handshake(peer.name, encode_handshake(ack), opt_.ready_ack_timeout_ms));
             } catch (const Error &e) {
-                fail(kErrRejectHandshake, std::string("ready ACK to ") + peer_path + " failed: " + e.what());
+                fail(kErrRejectHandshake, std::string("ready ACK to ") + peer_path + " failed (limit " +
+                                              std::to_string(opt_.ready_ack_timeout_ms) + " ms): " + e.what());
             }
             ActiveCheck ac = check_ack_reply(ar);
             if (!ac.ok) fail(kErrRejectHandshake, "handshake with " + peer_path + ": " + ac.error);
@@ -586,9 +624,15 @@ Json RdmaTransport::handle_connection(const Json &request) {
     };
     switch (dec.action) {
         case PassiveAction::Reject: return encode_handshake(reject_handshake(dec.reply_msg));
-        case PassiveAction::AckAccepted:
-            if (cur) cur->state = EndpointState::Connected;
+        case PassiveAction::AckAccepted: {
+            // The endpoint may have been torn down for a late ACK meanwhile.
+            std::lock_guard<std::mutex> g(ep_mu_);
+            if (!cur || cur->broken.load())
+                return encode_handshake(reject_handshake("the ready ACK for " + req.local_nic_path +
+                                                         " came after the endpoint was torn down"));
+            cur->state = EndpointState::Connected;
             return encode_handshake(empty_handshake());
+        }
         case PassiveAction::Reuse:
             if (cur) return reply_own(*cur);
             return encode_handshake(reject_handshake("no endpoint to reuse"));
@@ -607,28 +651,80 @@ Json RdmaTransport::handle_connection(const Json &request) {
         if (ctxs_[i]->name == dec.local_device) nic = i;
     if (nic == ctxs_.size() || !ctxs_[nic]->usable.load())
         return encode_handshake(reject_handshake("device " + dec.local_device + " is not usable"));
-    auto g = parse_gid(req.local_gid);
+    // PROTOCOL.md 6.2 step 2: an empty local_gid is looked up (with the
+    // LID) in the requester's published devices[] by NIC name.
+    std::string gid_text = req.local_gid;
+    uint32_t peer_lid = req.local_lid;
+    if (gid_text.empty()) {
+        std::string who = lookup_requester_gid(req.local_nic_path, gid_text, peer_lid);
+        if (!who.empty()) return encode_handshake(reject_handshake(who));
+    }
+    auto g = parse_gid(gid_text);
     if (!g)
-        return encode_handshake(reject_handshake("the request carries no local_gid; send the GID"));
+        return encode_handshake(reject_handshake("the GID '" + gid_text + "' of " + req.local_nic_path +
+                                                 " is not a valid GID"));
     std::shared_ptr<Endpoint> ep;
     try {
         ep = create_qps(nic);
         ep->key = key;
         ep->peer_path = req.local_nic_path;
-        connect_qps(*ep, req.qp_num, to_ibv_gid(*g), req.local_lid);
+        connect_qps(*ep, req.qp_num, to_ibv_gid(*g), peer_lid);
     } catch (const Error &e) {
         if (ep)
             for (auto *q : ep->qps) lib_->api().destroy_qp(q);
         return encode_handshake(reject_handshake(e.what()));
     }
     ep->state = dec.wait_for_ack ? EndpointState::WaitReadyAck : EndpointState::Connected;
+    ep->ack_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.ready_ack_timeout_ms);
     Json out = reply_own(*ep);
     std::lock_guard<std::mutex> lg(ep_mu_);
     passive_[key] = ep;
     return out;
 }
 
+std::string RdmaTransport::lookup_requester_gid(const std::string &nic_path, std::string &gid,
+                                                uint32_t &lid) {
+    std::string server, dev;
+    if (!split_nic_path(nic_path, server, dev))
+        return "the request carries no local_gid and its local_nic_path '" + nic_path + "' is malformed";
+    if (!opt_.fetch_descriptor)
+        return "the request carries no local_gid and this engine cannot fetch descriptors; send the GID";
+    SegmentDesc d;
+    try {
+        d = opt_.fetch_descriptor(server);
+    } catch (const Error &e) {
+        return "the request carries no local_gid and the descriptor of segment '" + server +
+               "' could not be fetched: " + e.what();
+    }
+    for (const auto &x : d.devices)
+        if (x.name == dev && !x.gid.empty()) {
+            gid = x.gid;
+            lid = x.lid;
+            return "";
+        }
+    return "the request carries no local_gid and segment '" + server + "' publishes no device '" + dev +
+           "' with a GID";
+}
+
 // ---- data path ----
+
+std::string RdmaTransport::rail_key(size_t nic, const std::string &peer_path) const {
+    return ctxs_[nic]->name + "|" + peer_path;
+}
+
+std::string RdmaTransport::peer_path_of(const Slice &s) const {
+    return make_nic_path(s.peer->name, s.peer->devices[s.peer_idx()].name);
+}
+
+bool RdmaTransport::rail_paused(const std::string &local_nic, const std::string &peer_nic_path) const {
+    return rails_.is_paused(local_nic + "|" + peer_nic_path);
+}
+
+uint32_t RdmaTransport::slice_timeout_ms() const {
+    if (opt_.slice_timeout_ms) return opt_.slice_timeout_ms;
+    if (cfg_.slice_timeout_s > 0) return static_cast<uint32_t>(cfg_.slice_timeout_s) * 1000u;
+    return opt_.transfer_timeout_ms;
+}
 
 void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem> &items) {
     auto peer = std::make_shared<const SegmentDesc>(peer_in);
@@ -651,6 +747,9 @@ void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem>
     }
     std::vector<size_t> lnics;
     for (size_t k : plan.local) lnics.push_back(local_idx[k]);
+    std::sort(lnics.begin(), lnics.end());
+    auto peer_nics = std::make_shared<const std::vector<size_t>>(plan.peer);
+    std::map<std::string, std::shared_ptr<const LocalNicPlan>> plans;  // by location
     std::vector<Slice *> todo;
     for (auto &it : items) {
         if (!plan_error.empty()) {
@@ -660,6 +759,7 @@ void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem>
         uint64_t laddr = reinterpret_cast<uint64_t>(it.local);
         // Local range inside one of our registrations?
         bool local_ok = false;
+        std::string location;
         {
             std::lock_guard<std::mutex> g(reg_mu_);
             auto r = regs_.upper_bound(laddr);
@@ -667,6 +767,7 @@ void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem>
                 --r;
                 local_ok = laddr >= r->first && laddr - r->first <= r->second.len &&
                            it.length <= r->second.len - (laddr - r->first);
+                location = r->second.location;
             }
         }
         if (!local_ok) {
@@ -694,6 +795,9 @@ void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem>
                     "' is not remote-accessible over RDMA (no rkey per device)");
             continue;
         }
+        // The local NICs of the buffer's location (6.3), the rest as fallback.
+        auto &lp = plans[location];
+        if (!lp) lp = std::make_shared<const LocalNicPlan>(plan_local_nics(topo_, location, lnics));
         auto st = std::make_shared<ItemState>();
         uint64_t ss = cfg_.slice_size ? cfg_.slice_size : 65536;
         size_t nslices = static_cast<size_t>((it.length + ss - 1) / ss);
@@ -709,10 +813,10 @@ void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem>
             s->remote = st->item.remote_addr + off;
             s->len = std::min<uint64_t>(ss, st->item.length - off);
             s->peer_buf = pb;
-            s->local_nics = lnics;
-            s->peer_nics = plan.peer;
-            s->local_pos = (k + next_rr_) % lnics.size();
-            s->peer_pos = (k + next_rr_) % plan.peer.size();
+            s->plan = lp;
+            s->peer_nics = peer_nics;
+            s->local_pos = (k + next_rr_) % lp->stripe.size();
+            s->peer_pos = (k + next_rr_) % peer_nics->size();
             s->deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(opt_.transfer_timeout_ms);
             todo.push_back(s);
@@ -728,77 +832,99 @@ void RdmaTransport::post_slice(Slice *s, bool from_poller) {
             finish_slice(s, false, "the RDMA transport is shutting down");
             return;
         }
-        size_t nic = s->local_nics[s->local_pos % s->local_nics.size()];
-        size_t pidx = s->peer_nics[s->peer_pos % s->peer_nics.size()];
+        // A usable local NIC of the stripe set (else a fallback) on a rail
+        // that is not paused.
+        RailPick pk = pick_rail(
+            *s->plan, s->local_pos, s->peer_nics->size(), s->peer_pos,
+            [this](size_t nic) { return ctxs_[nic]->usable.load(); },
+            [this, s](size_t nic, size_t pp) {
+                const std::string &dev = s->peer->devices[(*s->peer_nics)[pp]].name;
+                return rails_.is_paused(rail_key(nic, make_nic_path(s->peer->name, dev)));
+            },
+            s->avoid_local);
+        if (!pk.found) {
+            finish_slice(s, false, "no local RDMA NIC is usable for this transfer (ports down)");
+            return;
+        }
+        s->local_pos = pk.local_pos;
+        s->peer_pos = pk.peer_pos;
+        size_t nic = s->nic();
+        size_t pidx = s->peer_idx();
         RdmaContext &c = *ctxs_[nic];
         std::string err;
         bool full = false;
-        if (!c.usable.load()) {
-            err = "NIC " + c.name + " is disabled (" + ibv::event_type_name(c.disabled_event.load()) + ")";
-        } else {
-            try {
-                const DeviceDesc &pd = s->peer->devices[pidx];
-                auto ep = get_endpoint(nic, *s->peer, pd.name, &pd);
-                uint32_t lkey = 0;
-                {
-                    std::lock_guard<std::mutex> g(reg_mu_);
-                    auto r = regs_.upper_bound(s->local);
-                    if (r != regs_.begin()) --r;
-                    if (r != regs_.end() && s->local >= r->first &&
-                        s->local + s->len <= r->first + r->second.len)
-                        lkey = r->second.mrs[nic]->lkey;
-                    else
-                        err = "local memory was unregistered";
-                }
-                if (err.empty()) {
-                    ibv::sge sg{s->local, static_cast<uint32_t>(s->len), lkey};
-                    ibv::send_wr wr{};
-                    wr.wr_id = reinterpret_cast<uint64_t>(s);
-                    wr.sg_list = &sg;
-                    wr.num_sge = 1;
-                    wr.opcode = s->opcode == 0 ? ibv::IBV_WR_RDMA_READ : ibv::IBV_WR_RDMA_WRITE;
-                    wr.send_flags = ibv::IBV_SEND_SIGNALED;
-                    wr.wr.rdma.remote_addr = s->remote;
-                    wr.wr.rdma.rkey = s->peer->buffers[s->peer_buf].rkey[pidx];
-                    ibv::send_wr *bad = nullptr;
-                    std::lock_guard<std::mutex> pg(ep->post_mu);
-                    size_t nq = ep->qps.size();
-                    size_t qi = nq;
-                    for (size_t t = 0; t < nq; ++t) {
-                        size_t cand = ep->rr.fetch_add(1) % nq;
-                        if (ep->qp_outstanding[cand].load() < cfg_.max_wr) {
-                            qi = cand;
-                            break;
-                        }
+        try {
+            const DeviceDesc &pd = s->peer->devices[pidx];
+            auto ep = get_endpoint(nic, *s->peer, pd.name, &pd);
+            uint32_t lkey = 0;
+            {
+                std::lock_guard<std::mutex> g(reg_mu_);
+                auto r = regs_.upper_bound(s->local);
+                if (r != regs_.begin()) --r;
+                if (r != regs_.end() && s->local >= r->first &&
+                    s->local + s->len <= r->first + r->second.len)
+                    lkey = r->second.mrs[nic]->lkey;
+                else
+                    err = "local memory was unregistered";
+            }
+            if (err.empty()) {
+                ibv::sge sg{s->local, static_cast<uint32_t>(s->len), lkey};
+                ibv::send_wr wr{};
+                wr.wr_id = reinterpret_cast<uint64_t>(s);
+                wr.sg_list = &sg;
+                wr.num_sge = 1;
+                wr.opcode = s->opcode == 0 ? ibv::IBV_WR_RDMA_READ : ibv::IBV_WR_RDMA_WRITE;
+                wr.send_flags = ibv::IBV_SEND_SIGNALED;
+                wr.wr.rdma.remote_addr = s->remote;
+                wr.wr.rdma.rkey = s->peer->buffers[s->peer_buf].rkey[pidx];
+                ibv::send_wr *bad = nullptr;
+                std::lock_guard<std::mutex> pg(ep->post_mu);
+                size_t nq = ep->qps.size();
+                size_t qi = nq;
+                for (size_t t = 0; t < nq; ++t) {
+                    size_t cand = ep->rr.fetch_add(1) % nq;
+                    if (ep->qp_outstanding[cand].load() < cfg_.max_wr) {
+                        qi = cand;
+                        break;
                     }
-                    if (qi == nq || c.outstanding.load() >= cfg_.max_cqe_per_ctx) {
+                }
+                if (qi == nq || c.outstanding.load() >= cfg_.max_cqe_per_ctx) {
+                    full = true;
+                } else {
+                    s->ep = ep;
+                    s->qp_index = qi;
+                    s->posted_at = std::chrono::steady_clock::now();
+                    ep->qp_outstanding[qi].fetch_add(1);
+                    c.outstanding.fetch_add(1);
+                    inflight_.fetch_add(1);
+                    {
+                        // Before posting: the completion may beat us back.
+                        std::lock_guard<std::mutex> g(posted_mu_);
+                        posted_.insert(s);
+                    }
+                    int rc = ibv::post_send(ep->qps[qi], &wr, &bad);
+                    if (rc == 0) {
+                        c.wrs.fetch_add(1);
+                        return;
+                    }
+                    {
+                        std::lock_guard<std::mutex> g(posted_mu_);
+                        posted_.erase(s);
+                    }
+                    inflight_.fetch_sub(1);
+                    c.outstanding.fetch_sub(1);
+                    ep->qp_outstanding[qi].fetch_sub(1);
+                    s->ep.reset();
+                    if (rc == ENOMEM) {
                         full = true;
                     } else {
-                        s->ep = ep;
-                        s->qp_index = qi;
-                        ep->qp_outstanding[qi].fetch_add(1);
-                        c.outstanding.fetch_add(1);
-                        inflight_.fetch_add(1);
-                        int rc = ibv::post_send(ep->qps[qi], &wr, &bad);
-                        if (rc == 0) {
-                            c.wrs.fetch_add(1);
-                            return;
-                        }
-                        inflight_.fetch_sub(1);
-                        c.outstanding.fetch_sub(1);
-                        ep->qp_outstanding[qi].fetch_sub(1);
-                        s->ep.reset();
-                        if (rc == ENOMEM) {
-                            full = true;
-                        } else {
-                            err = "ibv_post_send on " + c.name + " failed: " + std::strerror(rc);
-                            drop_endpoint(ep);
-                        }
+                        err = "ibv_post_send on " + c.name + " failed: " + std::strerror(rc);
+                        drop_endpoint(ep);
                     }
                 }
-            } catch (const Error &e) {
-                err = e.what();
             }
+        } catch (const Error &e) {
+            err = e.what();
         }
         if (full) {
             // Back-pressure: the send queues / CQ of this NIC are full.
@@ -814,16 +940,47 @@ void RdmaTransport::post_slice(Slice *s, bool from_poller) {
             std::this_thread::sleep_for(std::chrono::microseconds(20));
             continue;
         }
-        c.errors.fetch_add(1);
-        if (s->retries >= cfg_.retry_cnt) {
-            finish_slice(s, false, err + " (after " + std::to_string(s->retries) + " retries)");
-            return;
-        }
-        ++s->retries;
-        c.retries.fetch_add(1);
-        ++s->local_pos;
-        ++s->peer_pos;
+        retry_slice(s, err, /*blame=*/true, /*avoid_local=*/false, from_poller);
+        return;
     }
+}
+
+void RdmaTransport::retry_slice(Slice *s, const std::string &why, bool blame, bool avoid_local,
+                                bool from_poller) {
+    size_t nic = s->nic();
+    RdmaContext &c = *ctxs_[nic];
+    c.errors.fetch_add(1);
+    if (blame) {
+        // 6.6: pause at once when another rail can carry the slice, else
+        // after RailPolicy::error_threshold errors in the window.
+        bool alt = false;
+        size_t nl = s->plan->stripe.size() + s->plan->fallback.size();
+        for (size_t lp = 0; lp < nl && !alt; ++lp) {
+            size_t l = local_at(*s->plan, lp);
+            if (!ctxs_[l]->usable.load()) continue;
+            for (size_t pp = 0; pp < s->peer_nics->size() && !alt; ++pp) {
+                if (l == nic && pp == s->peer_pos % s->peer_nics->size()) continue;
+                const std::string &dev = s->peer->devices[(*s->peer_nics)[pp]].name;
+                alt = !rails_.is_paused(rail_key(l, make_nic_path(s->peer->name, dev)));
+            }
+        }
+        std::string rail = rail_key(nic, peer_path_of(*s));
+        if (rails_.record_error(rail, alt))
+            MC_LOG(Warn, "RDMA rail " << rail << " paused for " << rails_.policy().pause_ms << " ms after errors");
+    }
+    int next = s->retries + 1;
+    if (closing_.load() || next >= cfg_.retry_cnt) {
+        finish_slice(s, false, why + " (after " + std::to_string(next) + " attempt(s), MC_RETRY_CNT " +
+                                   std::to_string(cfg_.retry_cnt) + ")");
+        return;
+    }
+    MC_LOG(Warn, why << "; retrying on another rail");
+    s->retries = next;
+    c.retries.fetch_add(1);
+    s->avoid_local = avoid_local ? static_cast<long>(nic) : -1;
+    ++s->local_pos;
+    ++s->peer_pos;
+    post_slice(s, from_poller);
 }
 
 void RdmaTransport::finish_slice(Slice *s, bool ok, const std::string &why) {
@@ -846,8 +1003,48 @@ void RdmaTransport::finish_slice(Slice *s, bool ok, const std::string &why) {
     }
 }
 
+void RdmaTransport::expire_slices() {
+    auto now = std::chrono::steady_clock::now();
+    uint32_t limit = slice_timeout_ms();
+    auto lim = std::chrono::milliseconds(limit);
+    std::vector<Slice *> late;
+    {
+        std::lock_guard<std::mutex> g(posted_mu_);
+        for (auto *s : posted_)
+            if (now - s->posted_at > lim) late.push_back(s);
+        for (auto *s : late) {
+            posted_.erase(s);
+            zombies_.insert(s);
+        }
+    }
+    const char *knob = opt_.slice_timeout_ms ? "slice timeout"
+                       : cfg_.slice_timeout_s > 0 ? "MC_SLICE_TIMEOUT" : "transfer timeout";
+    for (auto *z : late) {
+        // The WR may still complete (stalled) or never (lost): the original
+        // stays a zombie until then; a copy carries the retry.
+        RdmaContext &c = *ctxs_[z->nic()];
+        inflight_.fetch_sub(1);
+        c.outstanding.fetch_sub(1);
+        if (z->ep) {
+            z->ep->qp_outstanding[z->qp_index].fetch_sub(1);
+            drop_endpoint(z->ep);
+        }
+        auto *s = new Slice(*z);
+        s->ep.reset();
+        z->item.reset();
+        z->peer.reset();
+        z->ep.reset();
+        std::string why = "RDMA " + std::string(s->opcode == 0 ? "READ" : "WRITE") + " of " +
+                          std::to_string(s->len) + " bytes on NIC " + c.name + " to " + peer_path_of(*s) +
+                          " got no completion within " + std::to_string(limit) + " ms (" + knob + ")";
+        MC_LOG(Warn, why);
+        retry_slice(s, why, /*blame=*/true, /*avoid_local=*/false, /*from_poller=*/true);
+    }
+}
+
 void RdmaTransport::poller_loop() {
     ibv::wc wcs[32];
+    auto next_sweep = std::chrono::steady_clock::now();
     while (!stop_.load()) {
         int got = 0;
         for (size_t i = 0; i < ctxs_.size(); ++i) {
@@ -860,31 +1057,33 @@ void RdmaTransport::poller_loop() {
             got += n;
             for (int k = 0; k < n; ++k) {
                 auto *s = reinterpret_cast<Slice *>(wcs[k].wr_id);
+                {
+                    std::lock_guard<std::mutex> g(posted_mu_);
+                    if (zombies_.erase(s)) {
+                        delete s;  // timed out earlier; a copy was retried
+                        continue;
+                    }
+                    posted_.erase(s);
+                }
                 inflight_.fetch_sub(1);
                 c.outstanding.fetch_sub(1);
                 if (s->ep) s->ep->qp_outstanding[s->qp_index].fetch_sub(1);
-                if (wcs[k].status == ibv::IBV_WC_SUCCESS) {
+                int status = wcs[k].status;
+                if (status == ibv::IBV_WC_SUCCESS) {
                     c.bytes.fetch_add(s->len);
                     s->ep.reset();
                     finish_slice(s, true, "");
                     continue;
                 }
-                c.errors.fetch_add(1);
+                // A failed WR leaves its QP in ERR: this endpoint (only) is
+                // replaced. The peer rail is blamed only for remote faults.
+                CompletionDecision d = decide_completion(status, s->retries, cfg_.retry_cnt);
                 if (s->ep) drop_endpoint(s->ep);
                 s->ep.reset();
                 std::string why = "RDMA " + std::string(s->opcode == 0 ? "READ" : "WRITE") + " of " +
-                                  std::to_string(s->len) + " bytes on NIC " + c.name + " failed: " +
-                                  ibv::wc_status_name(wcs[k].status);
-                if (closing_.load() || s->retries >= cfg_.retry_cnt) {
-                    finish_slice(s, false, why + " (after " + std::to_string(s->retries) + " retries)");
-                    continue;
-                }
-                MC_LOG(Warn, why << "; retrying on another NIC");
-                ++s->retries;
-                c.retries.fetch_add(1);
-                ++s->local_pos;
-                ++s->peer_pos;
-                post_slice(s, true);
+                                  std::to_string(s->len) + " bytes on NIC " + c.name + " to " +
+                                  peer_path_of(*s) + " failed: " + ibv::wc_status_name(status);
+                retry_slice(s, why, d.blame_peer_rail, d.change_local_nic, /*from_poller=*/true);
             }
         }
         std::vector<Slice *> parked;
@@ -894,8 +1093,30 @@ void RdmaTransport::poller_loop() {
         }
         for (auto *s : parked) post_slice(s, true);
         got += static_cast<int>(parked.size());
+        auto now = std::chrono::steady_clock::now();
+        if (now >= next_sweep) {
+            next_sweep = now + std::chrono::milliseconds(10);
+            expire_slices();
+        }
         if (got == 0)
             std::this_thread::sleep_for(std::chrono::microseconds(inflight_.load() > 0 ? 20 : 200));
+    }
+}
+
+void RdmaTransport::expire_ack_waits() {
+    auto now = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> g(ep_mu_);
+    for (auto it = passive_.begin(); it != passive_.end();) {
+        auto &ep = it->second;
+        if (ep->state == EndpointState::WaitReadyAck && now > ep->ack_deadline) {
+            MC_LOG(Warn, "no ready ACK from " << ep->peer_path << " within " << opt_.ready_ack_timeout_ms
+                                              << " ms; endpoint torn down");
+            drop_endpoint(ep);
+            graveyard_.push_back(ep);
+            it = passive_.erase(it);
+        } else {
+            ++it;
+        }
     }
 }
 
@@ -908,6 +1129,7 @@ void RdmaTransport::events_loop() {
         fds.push_back(pollfd{c->ctx->async_fd, POLLIN, 0});
     }
     while (!stop_.load()) {
+        expire_ack_waits();
         for (auto &p : fds) p.revents = 0;
         int rc = ::poll(fds.data(), fds.size(), 50);
         if (rc <= 0) continue;

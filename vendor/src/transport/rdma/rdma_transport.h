@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "engine/config.h"
 #include "engine/segment_descriptor.h"
 #include "transport/rdma/link_layer.h"
+#include "transport/rdma/rail_monitor.h"
 #include "transport/rdma/rdma_env.h"
 #include "transport/rdma/topology.h"
 #include "transport/rdma/verbs_loader.h"
@@ -63,9 +65,25 @@ struct RdmaTransportOptions {
     std::vector<std::string> allow, deny;
     GpuRegistrationMode gpu_mode = GpuRegistrationMode::FromEnv;
     std::string verbs_library;  // "" = MC_VERBS_LIBRARY / libibverbs.so.1
-    // Sends a type-0 handshake to a peer segment (name "host:port"). Throws Error.
-    std::function<Json(const std::string &segment, const Json &body)> send_handshake;
+    // Sends a type-0 handshake to a peer segment (name "host:port") and
+    // waits at most timeout_ms for the reply (0: the caller's default).
+    // Throws Error.
+    std::function<Json(const std::string &segment, const Json &body, uint32_t timeout_ms)>
+        send_handshake;
+    // Fetches a peer's segment descriptor (the passive side needs it when a
+    // request carries no local_gid). Throws Error. Unset: such requests fail.
+    std::function<SegmentDesc(const std::string &segment)> fetch_descriptor;
+    // A posted slice without a completion after this long is retried on
+    // another rail (and fails after MC_RETRY_CNT). 0: MC_SLICE_TIMEOUT when
+    // set, else transfer_timeout_ms.
+    uint32_t slice_timeout_ms = 0;
     uint32_t transfer_timeout_ms = 30000;
+    // PROTOCOL.md 6.2 step 4: both the active side's wait for the ACK reply
+    // and the passive side's wait for the ACK itself.
+    uint32_t ready_ack_timeout_ms = 10000;
+    // installTransport's args[0]: a priority matrix (JSON text) that
+    // replaces discovery and MC_CUSTOM_TOPO_JSON. "" = none.
+    std::string topology_json;
 };
 
 class RdmaTransport {
@@ -78,8 +96,11 @@ public:
     RdmaTransport &operator=(const RdmaTransport &) = delete;
 
     // Registers [addr, addr+len) on every NIC (hca_names order). `device`
-    // >= 0: GPU memory. Throws Error with registration_failure_message.
-    void register_region(uint64_t addr, uint64_t len, int device, bool remote);
+    // >= 0: GPU memory. `location` ("cpu:0", "cuda:1", "" / "*" unknown)
+    // picks the NICs its transfers stripe over. Throws Error with
+    // registration_failure_message.
+    void register_region(uint64_t addr, uint64_t len, int device, bool remote,
+                         const std::string &location = "");
     // Deregisters (call after the registry has removed the region).
     void deregister_region(uint64_t addr);
 
@@ -98,6 +119,8 @@ public:
     const Topology &topology() const { return topo_; }
     const ibv::VerbsLibrary &verbs() const { return *lib_; }
     size_t nic_count() const { return ctxs_.size(); }
+    // Whether the rail (our NIC `local_nic`, peer NIC path) is paused.
+    bool rail_paused(const std::string &local_nic, const std::string &peer_nic_path) const;
 
     struct Endpoint;
     struct Slice;
@@ -117,6 +140,21 @@ private:
     // them): a slice that finds the queues full is parked in pending_.
     void post_slice(Slice *s, bool from_poller);
     void finish_slice(Slice *s, bool ok, const std::string &why);
+    // Retries `s` after a failure on its rail (or fails it after
+    // MC_RETRY_CNT): `blame` records the error on the rail, `avoid_local`
+    // moves it off its local NIC.
+    void retry_slice(Slice *s, const std::string &why, bool blame, bool avoid_local, bool from_poller);
+    // Slices posted longer than the slice timeout: retried on a copy (the
+    // original stays until its completion, if any, arrives).
+    void expire_slices();
+    // Passive endpoints whose ready-ACK did not arrive in time: torn down.
+    void expire_ack_waits();
+    std::string rail_key(size_t nic, const std::string &peer_path) const;
+    std::string peer_path_of(const Slice &s) const;
+    // Fills gid/lid of `nic_path` from its segment's published devices[];
+    // returns "" or why it could not.
+    std::string lookup_requester_gid(const std::string &nic_path, std::string &gid, uint32_t &lid);
+    uint32_t slice_timeout_ms() const;
     const ibv::VerbsLibrary *lib_ = nullptr;
 
     RdmaTransportOptions opt_;
@@ -127,6 +165,7 @@ private:
     struct Reg {
         uint64_t len = 0;
         bool remote = false;
+        std::string location;        // "*" when unknown
         std::vector<ibv::mr *> mrs;  // per NIC
         int dmabuf_fd = -1;
     };
@@ -144,6 +183,10 @@ private:
     std::atomic<size_t> next_rr_{0};
     std::mutex pending_mu_;
     std::vector<Slice *> pending_;  // parked by the poller (queues full)
+    RailMonitor rails_;
+    std::mutex posted_mu_;
+    std::set<Slice *> posted_;   // posted, completion not yet polled
+    std::set<Slice *> zombies_;  // timed out while posted: freed at completion or teardown
     std::atomic<bool> closing_{false};  // teardown: nothing new is posted
     std::atomic<bool> stop_{false};
     std::atomic<int64_t> inflight_{0};
