@@ -29,7 +29,11 @@ pub enum Protocol {
     /// upstream Mooncake's RDMA transport. TCP is installed as well, for
     /// peers that only speak TCP. Building fails when no usable NIC is found.
     Rdma,
-    /// RDMA when a usable NIC exists, else TCP alone (like upstream).
+    /// RDMA when a usable NIC exists, else TCP alone (like upstream's
+    /// auto-discovery); [`Engine::rdma_unavailable_reason`] says why RDMA
+    /// was not installed. Upstream's overrides apply: `MC_FORCE_TCP` (set,
+    /// any value) gives TCP alone without trying RDMA, and `MC_FORCE_HCA`
+    /// makes a failure to bring up RDMA a build error.
     Auto,
 }
 
@@ -362,14 +366,51 @@ impl EngineBuilder {
         }
         cfg.gpu_registration_mode = self.gpu_registration.raw();
         let raw = ffi::RawEngine::create(&cfg)?;
+        let mut rdma_unavailable = None;
         if self.protocol == Protocol::Auto {
-            if let Err(e) = raw.install_transport("rdma") {
-                tracing::info!(target: "mooncake", "protocol Auto: no usable RDMA NIC ({e}); using TCP");
+            match auto_choice(env_set("MC_FORCE_TCP"), env_set("MC_FORCE_HCA")) {
+                AutoChoice::TcpForced => {
+                    tracing::info!(target: "mooncake", "protocol Auto: MC_FORCE_TCP is set; using TCP");
+                    rdma_unavailable = Some("MC_FORCE_TCP is set".to_string());
+                }
+                AutoChoice::RdmaRequired => raw.install_transport("rdma")?,
+                AutoChoice::RdmaIfUsable => {
+                    if let Err(e) = raw.install_transport("rdma") {
+                        tracing::info!(target: "mooncake", "protocol Auto: no usable RDMA NIC ({e}); using TCP");
+                        rdma_unavailable = Some(e.to_string());
+                    }
+                }
             }
         }
         // The CStrings above outlive the call; the engine copied them.
-        Engine::from_shared(EngineShared::new(raw)?)
+        Engine::from_shared(EngineShared::new(raw, rdma_unavailable)?)
     }
+}
+
+/// What [`Protocol::Auto`] does, given upstream's overrides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AutoChoice {
+    /// `MC_FORCE_TCP`: TCP alone, RDMA not even tried.
+    TcpForced,
+    /// `MC_FORCE_HCA`: RDMA must come up; failing to is an error.
+    RdmaRequired,
+    /// RDMA when a usable NIC exists, else TCP.
+    RdmaIfUsable,
+}
+
+fn auto_choice(force_tcp: bool, force_hca: bool) -> AutoChoice {
+    if force_tcp {
+        AutoChoice::TcpForced
+    } else if force_hca {
+        AutoChoice::RdmaRequired
+    } else {
+        AutoChoice::RdmaIfUsable
+    }
+}
+
+/// Whether an environment variable is set (upstream tests presence only).
+fn env_set(name: &str) -> bool {
+    std::env::var_os(name).is_some()
 }
 
 fn join<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> String {

@@ -7,6 +7,7 @@ use crate::error::Result;
 use crate::ffi::{self, OwnedCString, RawEngine};
 use crate::memory::{Access, RegisterableMemory, RegisteredSlice, Registration};
 use crate::notify::Notification;
+use crate::rdma::{RdmaCounters, RdmaTopology};
 use crate::segment::RemoteSegment;
 
 /// State shared by an engine and every object made from it. Children hold
@@ -17,10 +18,12 @@ pub(crate) struct EngineShared {
     segment_name: String,
     rpc_port: u16,
     tcp_data_port: u16,
+    /// Why [`Protocol::Auto`](crate::Protocol::Auto) fell back to TCP.
+    rdma_unavailable: Option<String>,
 }
 
 impl EngineShared {
-    pub(crate) fn new(raw: RawEngine) -> Result<Arc<Self>> {
+    pub(crate) fn new(raw: RawEngine, rdma_unavailable: Option<String>) -> Result<Arc<Self>> {
         let segment_name = raw.segment_name()?;
         let (rpc_port, tcp_data_port) = raw.ports()?;
         Ok(Arc::new(Self {
@@ -28,6 +31,7 @@ impl EngineShared {
             segment_name,
             rpc_port,
             tcp_data_port,
+            rdma_unavailable,
         }))
     }
 }
@@ -152,26 +156,71 @@ impl Engine {
         })
     }
 
-    /// The RDMA transport's discovered topology as JSON text:
+    /// The RDMA transport's discovered topology: the NICs it opened (name,
+    /// link layer, NUMA node, GID, LID, whether usable) and the priority
+    /// matrix saying which NICs serve which memory location (see
+    /// [`RdmaTopology::nics_for`]). Fails with
+    /// [`ErrorCode::InvalidArgument`](crate::ErrorCode::InvalidArgument) when
+    /// the engine has no RDMA transport ([`has_rdma`](Self::has_rdma)), and
+    /// with [`Error::Decode`](crate::Error::Decode) if the engine's JSON
+    /// cannot be decoded.
+    ///
+    /// ```no_run
+    /// # fn main() -> mooncake::Result<()> {
+    /// let engine = mooncake::Engine::builder().protocol(mooncake::Protocol::Rdma).build()?;
+    /// let topo = engine.rdma_topology()?;
+    /// let ib: Vec<&str> = topo
+    ///     .devices
+    ///     .iter()
+    ///     .filter(|d| d.link_layer == mooncake::LinkLayer::Ib)
+    ///     .map(|d| d.name.as_str())
+    ///     .collect();
+    /// let host_nics = topo.nics_for("cpu:0");
+    /// # let _ = (ib, host_nics);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn rdma_topology(&self) -> Result<RdmaTopology> {
+        RdmaTopology::from_json(&self.rdma_topology_json()?)
+    }
+
+    /// The topology as the engine's JSON text:
     /// `{"devices":[{"name","link_layer","numa_node","usable","gid","lid"}...],
     /// "priority_matrix":{"<location>":[[preferred...],[available...]]}}`
-    /// (the matrix says which NICs serve which memory location). Fails when
-    /// the engine has no RDMA transport.
-    pub fn rdma_topology(&self) -> Result<String> {
+    /// (what [`rdma_topology`](Self::rdma_topology) decodes; for logging).
+    pub fn rdma_topology_json(&self) -> Result<String> {
         self.shared.raw.rdma_topology()
     }
 
-    /// Per-NIC RDMA counters as JSON text: `[{"name","link_layer",
+    /// Per-NIC RDMA counters since the engine started (work requests,
+    /// bytes, errors, retries; initiator side). Take two snapshots and
+    /// [`RdmaCounters::since`] to see what a transfer did. Fails when the
+    /// engine has no RDMA transport, like
+    /// [`rdma_topology`](Self::rdma_topology).
+    pub fn rdma_counters(&self) -> Result<RdmaCounters> {
+        RdmaCounters::from_json(&self.rdma_counters_json()?)
+    }
+
+    /// The counters as the engine's JSON text: `[{"name","link_layer",
     /// "numa_node","usable","work_requests","bytes","errors","retries"}...]`.
-    /// Fails when the engine has no RDMA transport.
-    pub fn rdma_counters(&self) -> Result<String> {
+    pub fn rdma_counters_json(&self) -> Result<String> {
         self.shared.raw.rdma_counters()
     }
 
     /// Whether the RDMA transport is installed (always false for
-    /// [`Protocol::Tcp`](crate::Protocol::Tcp)).
+    /// [`Protocol::Tcp`](crate::Protocol::Tcp); for
+    /// [`Protocol::Auto`](crate::Protocol::Auto), see
+    /// [`rdma_unavailable_reason`](Self::rdma_unavailable_reason)).
     pub fn has_rdma(&self) -> bool {
         self.shared.raw.rdma_topology().is_ok()
+    }
+
+    /// For an engine built with [`Protocol::Auto`](crate::Protocol::Auto)
+    /// that fell back to TCP: why RDMA was not installed (the engine's
+    /// error, e.g. no verbs library or no NIC left after the allow-list, or
+    /// `MC_FORCE_TCP`). `None` when RDMA is installed or was not asked for.
+    pub fn rdma_unavailable_reason(&self) -> Option<&str> {
+        self.shared.rdma_unavailable.as_deref()
     }
 
     /// Registers any registrable memory (a GPU buffer, a cudarc slice, ...)

@@ -178,6 +178,16 @@ pub enum Error {
     /// A caller-side argument was rejected before reaching the engine.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The engine reported JSON this crate could not decode (a sign that the
+    /// engine and this crate come from different versions).
+    #[error("cannot decode the engine's {what}: {detail}")]
+    Decode {
+        /// What was being decoded, e.g. `"RDMA topology"`.
+        what: &'static str,
+        /// The decoder's message (position and field) and the start of the
+        /// text.
+        detail: String,
+    },
 }
 
 impl Error {
@@ -188,6 +198,7 @@ impl Error {
             Self::Transfer { .. } => ErrorCode::TransferFailed,
             Self::Timeout(_) => ErrorCode::Timeout,
             Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Self::Decode { .. } => ErrorCode::MalformedJson,
         }
     }
 }

@@ -104,6 +104,7 @@ mod ffi;
 pub mod gpu;
 mod memory;
 mod notify;
+pub mod rdma;
 mod segment;
 
 pub use batch::{Batch, Opcode, TaskStatus};
@@ -115,4 +116,5 @@ pub use memory::{
 };
 pub use mooncake_sys as sys;
 pub use notify::Notification;
+pub use rdma::{LinkLayer, NicCounters, NicPreference, RdmaCounters, RdmaDevice, RdmaTopology};
 pub use segment::{RemoteBuffer, RemoteSegment};

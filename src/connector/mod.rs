@@ -20,4 +20,4 @@ pub use consumer::{Consumer, PullOutcome, PullRequest};
 pub use error::{ConnectorError, ConnectorErrorCode};
 pub use producer::{Producer, ProducerEvent};
 pub use stats::{ConnectorStats, StatsSnapshot};
-pub use worker::{build_engine, KvCacheSpec, WorkerContext};
+pub use worker::{build_engine, engine_protocol, KvCacheSpec, WorkerContext};

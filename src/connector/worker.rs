@@ -2,7 +2,7 @@
 //! its registered KV cache and the layout of that cache.
 use std::sync::Arc;
 
-use mooncake::{Access, Engine, HostBuffer, LocalMemory, Registration};
+use mooncake::{Access, Engine, HostBuffer, LocalMemory, Protocol, Registration};
 
 use super::config::{ConnectorEnv, KvTransferConfig, MooncakeProtocol};
 use super::error::ConnectorError;
@@ -51,24 +51,51 @@ pub struct WorkerContext {
     pub stats: Arc<ConnectorStats>,
 }
 
+/// The engine protocol for a `mooncake_protocol` setting: `"tcp"` is TCP
+/// alone; `"rdma"` is [`Protocol::Auto`] (upstream's auto-discovery: RDMA
+/// when a usable HCA survives the `device_name` filter, else TCP;
+/// `MC_FORCE_TCP` / `MC_FORCE_HCA` apply).
+pub fn engine_protocol(setting: MooncakeProtocol) -> Protocol {
+    match setting {
+        MooncakeProtocol::Rdma => Protocol::Auto,
+        MooncakeProtocol::Tcp => Protocol::Tcp,
+    }
+}
+
 /// Starts a transfer engine the way the connector configures it:
-/// advertised on `VLLM_HOST_IP`, the NIC allow-list from `device_name`, GPU
+/// advertised on `VLLM_HOST_IP`, the transport from `mooncake_protocol`
+/// (see [`engine_protocol`]), the NIC allow-list from `device_name`, GPU
 /// registration from `WITH_NVIDIA_PEERMEM` (read by the engine itself).
+///
+/// With `"rdma"` and no usable HCA (no verbs library, no device, none left
+/// after `device_name`, ports down) the engine runs on TCP and a warning
+/// names the reason; check [`Engine::has_rdma`].
 pub fn build_engine(
     config: &KvTransferConfig,
     env: &ConnectorEnv,
 ) -> Result<Engine, ConnectorError> {
-    if config.mooncake_protocol == MooncakeProtocol::Rdma {
-        // Upstream installs RDMA only when it finds a usable HCA and falls
-        // back to TCP otherwise. The engine has an RDMA transport now
-        // (mooncake::Protocol::Auto would do exactly that), but the connector
-        // keeps TCP until RDMA has run on real NICs with GPU memory.
-        tracing::info!(target: "mooncake_connector", "mooncake_protocol \"rdma\": the connector uses TCP (RDMA not enabled in the connector yet)");
-    }
-    Ok(Engine::builder()
+    let engine = Engine::builder()
         .local_host(env.host_ip.clone())
+        .protocol(engine_protocol(config.mooncake_protocol))
         .device_allow_list(&config.device_name)
-        .build()?)
+        .build()?;
+    if config.mooncake_protocol == MooncakeProtocol::Rdma {
+        match engine.rdma_topology() {
+            Ok(topo) => {
+                tracing::info!(target: "mooncake_connector", segment = engine.segment_name(),
+                nics = ?topo.device_names(), "mooncake_protocol \"rdma\": using RDMA")
+            }
+            Err(e) => {
+                let why = engine
+                    .rdma_unavailable_reason()
+                    .map_or_else(|| e.to_string(), str::to_string);
+                tracing::warn!(target: "mooncake_connector", segment = engine.segment_name(),
+                    device_name = ?config.device_name,
+                    "mooncake_protocol \"rdma\": no usable RDMA device, falling back to TCP: {why}");
+            }
+        }
+    }
+    Ok(engine)
 }
 
 impl WorkerContext {
@@ -121,5 +148,22 @@ impl WorkerContext {
     /// Offset of block `block` of region `region` inside the registration.
     pub fn block_offset(&self, region: usize, block: u64) -> usize {
         (region as u64 * self.spec.region_bytes() + block * self.spec.block_len) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mooncake_protocol_maps_to_engine_protocol() {
+        assert_eq!(engine_protocol(MooncakeProtocol::Rdma), Protocol::Auto);
+        assert_eq!(engine_protocol(MooncakeProtocol::Tcp), Protocol::Tcp);
+        // The default setting is "rdma", i.e. upstream's auto-discovery.
+        let c = KvTransferConfig::from_json(
+            r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both"}"#,
+        )
+        .unwrap();
+        assert_eq!(engine_protocol(c.mooncake_protocol), Protocol::Auto);
     }
 }

@@ -34,10 +34,13 @@ pub fn spec() -> ModelSpec {
     }
 }
 
-fn config(role: &str, engine_id: &str) -> KvTransferConfig {
+/// The `kv_connector_extra_config` the helpers use unless told otherwise.
+pub const TCP_EXTRA: &str = r#"{"mooncake_protocol":"tcp","num_workers":2}"#;
+
+fn config(role: &str, engine_id: &str, extra: &str) -> KvTransferConfig {
     KvTransferConfig::from_json(&format!(
         r#"{{"kv_connector":"MooncakeConnector","kv_role":"{role}","engine_id":"{engine_id}",
-            "kv_connector_extra_config":{{"mooncake_protocol":"tcp","num_workers":2}}}}"#
+            "kv_connector_extra_config":{extra}}}"#
     ))
     .unwrap()
 }
@@ -54,6 +57,11 @@ pub struct Prefill {
 
 impl Prefill {
     pub async fn start(tp: usize, spec: ModelSpec, env: ConnectorEnv) -> Self {
+        Self::start_with(tp, spec, env, TCP_EXTRA).await
+    }
+
+    /// As [`start`](Self::start), with `extra` as `kv_connector_extra_config`.
+    pub async fn start_with(tp: usize, spec: ModelSpec, env: ConnectorEnv, extra: &str) -> Self {
         let engine_id = format!("prefill-{}", uuid::Uuid::new_v4());
         let bootstrap = BootstrapServer::start(
             "127.0.0.1:0".parse().unwrap(),
@@ -72,7 +80,7 @@ impl Prefill {
         for rank in 0..tp {
             let ctx = Arc::new(
                 WorkerContext::new(
-                    config("kv_producer", &engine_id),
+                    config("kv_producer", &engine_id, extra),
                     env.clone(),
                     spec.cache_spec(tp),
                     tp,
@@ -151,12 +159,17 @@ pub struct Decode {
 
 impl Decode {
     pub fn start(tp: usize, spec: ModelSpec, env: ConnectorEnv) -> Self {
+        Self::start_with(tp, spec, env, TCP_EXTRA)
+    }
+
+    /// As [`start`](Self::start), with `extra` as `kv_connector_extra_config`.
+    pub fn start_with(tp: usize, spec: ModelSpec, env: ConnectorEnv, extra: &str) -> Self {
         let stats = Arc::new(ConnectorStats::default());
         let ranks = (0..tp)
             .map(|rank| {
                 let ctx = Arc::new(
                     WorkerContext::new(
-                        config("kv_consumer", "decode"),
+                        config("kv_consumer", "decode", extra),
                         env.clone(),
                         spec.cache_spec(tp),
                         tp,
