@@ -40,14 +40,20 @@ fn rdma_engine(allow: &[&str]) -> Engine {
 }
 
 /// Reads `len` bytes from `target`'s first buffer into a fresh local
-/// registration of `init` (or writes them, for `write`), returning what the
-/// initiator's NICs counted for it.
-fn transfer(init: &Engine, target: &Engine, len: usize, write: bool) -> RdmaCounters {
+/// registration of `init` at `location` (or writes them, for `write`),
+/// returning what the initiator's NICs counted for it.
+fn transfer(
+    init: &Engine,
+    target: &Engine,
+    len: usize,
+    write: bool,
+    location: &str,
+) -> RdmaCounters {
     let before = init.rdma_counters().unwrap();
     let seg = init.open_segment(target.segment_name()).unwrap();
     let base = seg.buffers().unwrap()[0];
     let mut local = init
-        .register(patterned(len, 9), "cpu:0", Access::LocalOnly)
+        .register(patterned(len, 9), location, Access::LocalOnly)
         .unwrap();
     {
         let mut b = init.batch(1).unwrap();
@@ -170,23 +176,32 @@ fn rdma_over_softverbs() {
     assert_eq!(mc.total_work_requests(), 0);
     drop(mixed);
 
-    // A 4 MiB READ over RoCE: striped over both NICs, every byte counted.
+    // A 4 MiB READ over RoCE into memory on NUMA node 0: every slice goes
+    // out on sv0, the NIC the priority matrix prefers for cpu:0 (sv1 sits on
+    // node 1), and every byte is counted.
     let size = 4 << 20;
     let published = target
         .register(patterned(size, 5), "cpu:0", Access::RemoteAccessible)
         .unwrap();
-    let moved = transfer(&init, &target, size, false);
+    let moved = transfer(&init, &target, size, false, "cpu:0");
     assert_eq!(moved.total_bytes(), size as u64, "{moved:?}");
     assert_eq!(moved.total_errors(), 0);
-    for name in ["sv0", "sv1"] {
-        let n = moved.nic(name).unwrap();
-        assert!(n.bytes > 0 && n.work_requests > 0, "{moved:?}");
-        assert_eq!(n.link_layer, LinkLayer::Roce);
-    }
+    let sv0 = moved.nic("sv0").unwrap();
+    assert!(
+        sv0.work_requests > 1,
+        "striped into several slices: {moved:?}"
+    );
+    assert_eq!(sv0.bytes, size as u64, "{moved:?}");
+    assert_eq!(sv0.link_layer, LinkLayer::Roce);
+    assert_eq!(moved.nic("sv1").unwrap().bytes, 0, "{moved:?}");
+    // The same from memory on node 1: sv1 alone.
+    let moved1 = transfer(&init, &target, size, false, "cpu:1");
+    assert_eq!(moved1.nic("sv1").unwrap().bytes, size as u64, "{moved1:?}");
+    assert_eq!(moved1.nic("sv0").unwrap().bytes, 0, "{moved1:?}");
     assert_eq!(moved.nic("sv0").unwrap().numa_node, Some(0));
     assert_eq!(init.counters().unwrap().tcp_requests_sent, 0);
     // Counters only grow: a second, odd-sized READ adds exactly its size.
-    let again = transfer(&init, &target, (1 << 20) + 123, false);
+    let again = transfer(&init, &target, (1 << 20) + 123, false, "cpu:0");
     assert_eq!(again.total_bytes(), (1 << 20) + 123);
     drop(published);
 
@@ -201,7 +216,7 @@ fn rdma_over_softverbs() {
             Access::RemoteAccessible,
         )
         .unwrap();
-    let moved = transfer(&ib_init, &ib_target, len, true);
+    let moved = transfer(&ib_init, &ib_target, len, true, "cpu:0");
     let sv2 = moved.nic("sv2").unwrap();
     assert_eq!(
         (sv2.bytes, sv2.link_layer),
