@@ -6,9 +6,9 @@
 //! verbs environment (`MC_VERBS_LIBRARY`, `MC_SOFTVERBS_DEVICES`) is
 //! process-wide.
 mod pd;
+#[path = "../mooncake/tests/softverbs/mod.rs"]
+mod softverbs;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,20 +16,6 @@ use mooncake::LinkLayer;
 use mooncake_connector::connector::ProducerEvent;
 use mooncake_connector::sim::model::{expected_digest, tokenize};
 use pd::{all_ok, env, req, spec, Decode, Prefill};
-
-fn build_softverbs() -> PathBuf {
-    let vendor = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("vendor");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("softverbs");
-    let status = Command::new("make")
-        .arg("-C")
-        .arg(&vendor)
-        .arg(format!("BUILD={}", out.display()))
-        .arg("softverbs")
-        .status()
-        .expect("run make (needed to build the softverbs stand-in)");
-    assert!(status.success(), "make softverbs failed");
-    out.join("libmc_softverbs.so")
-}
 
 /// Log lines, captured so the test can check the fallback warning.
 #[derive(Clone, Default)]
@@ -100,7 +86,7 @@ async fn rdma_setting_uses_rdma_on_allowed_nics_else_falls_back_to_tcp() {
         .with_ansi(false)
         .with_max_level(tracing::Level::WARN)
         .init();
-    let lib = build_softverbs();
+    let lib = softverbs::build_softverbs();
     std::env::set_var(
         "MC_SOFTVERBS_DEVICES",
         "sv0:roce:numa=0,sv1:roce:numa=1,sv2:roce:numa=0,sv3:ib:numa=1",

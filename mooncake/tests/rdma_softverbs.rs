@@ -5,29 +5,14 @@
 //! `MC_SOFTVERBS_DEVICES` before the first engine loads it. One `#[test]`, because the environment is
 //! process-wide.
 mod common;
+mod softverbs;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use common::{first_mismatch, patterned};
 use mooncake::{
     Access, Engine, ErrorCode, HostBuffer, LinkLayer, Protocol, RdmaCounters, TaskStatus,
 };
-
-fn build_softverbs() -> PathBuf {
-    let vendor = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../vendor");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("softverbs");
-    let status = Command::new("make")
-        .arg("-C")
-        .arg(&vendor)
-        .arg(format!("BUILD={}", out.display()))
-        .arg("softverbs")
-        .status()
-        .expect("run make (needed to build the softverbs stand-in)");
-    assert!(status.success(), "make softverbs failed");
-    out.join("libmc_softverbs.so")
-}
 
 fn rdma_engine(allow: &[&str]) -> Engine {
     Engine::builder()
@@ -75,7 +60,7 @@ fn transfer(
 
 #[test]
 fn rdma_over_softverbs() {
-    let lib = build_softverbs();
+    let lib = softverbs::build_softverbs();
     std::env::set_var(
         "MC_SOFTVERBS_DEVICES",
         "sv0:roce:numa=0,sv1:roce:numa=1,sv2:ib:numa=0,sv3:roce:numa=1,sv4:ib:numa=1",
