@@ -68,6 +68,21 @@ struct SendSlot {
     sending: usize,
 }
 
+impl SendSlot {
+    /// A slot known only by its transfer id: the decoder asked (or the
+    /// prefill finished) before the other side showed up.
+    fn placeholder() -> Self {
+        SendSlot {
+            state: SlotState::Placeholder {
+                since: Instant::now(),
+            },
+            need_send: None,
+            sent: 0,
+            sending: 0,
+        }
+    }
+}
+
 struct Inner {
     ctx: Arc<WorkerContext>,
     slots: Mutex<HashMap<String, SendSlot>>,
@@ -186,14 +201,7 @@ impl Producer {
             let mut slots = self.inner.slots.lock().unwrap();
             let slot = slots
                 .entry(transfer_id.to_string())
-                .or_insert_with(|| SendSlot {
-                    state: SlotState::Placeholder {
-                        since: Instant::now(),
-                    },
-                    need_send: None,
-                    sent: 0,
-                    sending: 0,
-                });
+                .or_insert_with(SendSlot::placeholder);
             slot.state = SlotState::Ready {
                 p_req_id: p_req_id.to_string(),
                 blocks,
@@ -442,14 +450,7 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
         for (d_req_id, (transfer_id, d_blocks)) in meta.req_blocks {
             let slot = slots
                 .entry(transfer_id.clone())
-                .or_insert_with(|| SendSlot {
-                    state: SlotState::Placeholder {
-                        since: Instant::now(),
-                    },
-                    need_send: None,
-                    sent: 0,
-                    sending: 0,
-                });
+                .or_insert_with(SendSlot::placeholder);
             slot.need_send.get_or_insert(plan.need_send);
             if d_blocks.iter().all(|g| g.is_empty()) {
                 released.push((d_req_id, transfer_id));
