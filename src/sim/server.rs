@@ -163,6 +163,45 @@ async fn run(
     out
 }
 
+/// What both OpenAI endpoints do once the prompt is known: common fields,
+/// the data-parallel rank check, and the generation itself.
+struct Served {
+    p: Parsed,
+    id: String,
+    out: GenerateOutput,
+    created: u64,
+}
+
+async fn serve(
+    engine: Arc<SimEngine>,
+    headers: &HeaderMap,
+    body: &Value,
+    prompt: String,
+    id_prefix: &str,
+) -> Result<Served, GenerateError> {
+    let mut p = parse_common(body, prompt, &engine.config().model_name)?;
+    check_dp_rank(&engine, headers)?;
+    let id = format!("{id_prefix}-{}", request_id(headers));
+    let req = GenerateRequest {
+        request_id: id.clone(),
+        prompt: std::mem::take(&mut p.prompt),
+        max_tokens: p.max_tokens,
+        kv: p.kv.take(),
+    };
+    let out = run(engine, req).await?;
+    Ok(Served {
+        p,
+        id,
+        out,
+        created: now(),
+    })
+}
+
+fn usage(out: &GenerateOutput) -> Value {
+    json!({"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+           "total_tokens": out.prompt_tokens + out.completion_tokens})
+}
+
 fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -204,25 +243,15 @@ async fn completions(
         }
         _ => return error_response(400, "invalid_request_error", "prompt must be a string"),
     };
-    let p = match parse_common(&body, prompt, &engine.config().model_name) {
-        Ok(p) => p,
+    let Served {
+        p,
+        id,
+        out,
+        created,
+    } = match serve(engine, &headers, &body, prompt, "cmpl").await {
+        Ok(s) => s,
         Err(e) => return e.into_response(),
     };
-    if let Err(e) = check_dp_rank(&engine, &headers) {
-        return e.into_response();
-    }
-    let id = format!("cmpl-{}", request_id(&headers));
-    let req = GenerateRequest {
-        request_id: id.clone(),
-        prompt: p.prompt,
-        max_tokens: p.max_tokens,
-        kv: p.kv,
-    };
-    let out = match run(engine, req).await {
-        Ok(o) => o,
-        Err(e) => return e.into_response(),
-    };
-    let created = now();
     if p.stream {
         let mut events: Vec<Value> = out
             .text
@@ -237,8 +266,7 @@ async fn completions(
     Json(json!({
         "id": id, "object": "text_completion", "created": created, "model": p.model,
         "choices": [{"index": 0, "text": out.text, "logprobs": null, "finish_reason": out.finish_reason}],
-        "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-                  "total_tokens": out.prompt_tokens + out.completion_tokens},
+        "usage": usage(&out),
         "kv_source": kv_source(out.kv_source),
     }))
     .into_response()
@@ -267,29 +295,16 @@ async fn chat(
         };
         turns.push((role.to_string(), content.to_string()));
     }
-    let p = match parse_common(
-        &body,
-        model::chat_prompt(&turns),
-        &engine.config().model_name,
-    ) {
-        Ok(p) => p,
+    let prompt = model::chat_prompt(&turns);
+    let Served {
+        p,
+        id,
+        out,
+        created,
+    } = match serve(engine, &headers, &body, prompt, "chatcmpl").await {
+        Ok(s) => s,
         Err(e) => return e.into_response(),
     };
-    if let Err(e) = check_dp_rank(&engine, &headers) {
-        return e.into_response();
-    }
-    let id = format!("chatcmpl-{}", request_id(&headers));
-    let req = GenerateRequest {
-        request_id: id.clone(),
-        prompt: p.prompt,
-        max_tokens: p.max_tokens,
-        kv: p.kv,
-    };
-    let out = match run(engine, req).await {
-        Ok(o) => o,
-        Err(e) => return e.into_response(),
-    };
-    let created = now();
     if p.stream {
         let mut events = vec![
             json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": p.model,
@@ -304,8 +319,7 @@ async fn chat(
     Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": p.model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text}, "finish_reason": out.finish_reason}],
-        "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-                  "total_tokens": out.prompt_tokens + out.completion_tokens},
+        "usage": usage(&out),
         "kv_source": kv_source(out.kv_source),
     }))
     .into_response()
