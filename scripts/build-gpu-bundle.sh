@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything the GPU lane runs, for a cuda12 and a cuda13 build, into
 # target/gpu-bundle/ so it can be carried to a GPU machine that has only a
-# driver (no Rust, no toolkit): the C++ engine tests and gpu_bench (static
+# driver (no Rust, no toolkit): the C++ engine tests, gpu_bench and the
+# softverbs stand-in NICs for the GPU RDMA registration test (static
 # libstdc++), the Rust GPU tests and the gpu_loopback example. The CUDA
 # runtime is linked statically in all of them.
 #   scripts/build-gpu-bundle.sh && target/gpu-bundle/run.sh   # on the GPU host
@@ -19,7 +20,8 @@ for major in 12 13; do
   mkdir -p "$d"
   make -s -C vendor -j"$(nproc)" CUDA=$major CUDA_HOME="$home" BUILD=build/bundle-cu$major \
     LDEXTRA="-static-libstdc++ -static-libgcc" all gpu_bench
-  cp vendor/build/bundle-cu$major/engine_tests vendor/build/bundle-cu$major/gpu_bench "$d/"
+  cp vendor/build/bundle-cu$major/engine_tests vendor/build/bundle-cu$major/gpu_bench \
+    vendor/build/bundle-cu$major/libmc_softverbs.so "$d/"
   export MOONCAKE_CUDA_HOME=$home CUDARC_CUDA_VERSION=$cudarc
   tests=$(cargo test --release -p mooncake --features cuda$major --test gpu --no-run \
     --message-format=json 2>/dev/null | python3 -c '

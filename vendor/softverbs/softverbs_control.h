@@ -108,6 +108,21 @@ void mc_softverbs_reset_counters(void);
 /* Number of WRs posted to the device and not yet executed. */
 int mc_softverbs_pending(const char *device);
 
+struct mc_softverbs_mr_info {
+    uint32_t lkey;
+    uint32_t rkey;
+    uint64_t length;
+    uint64_t offset;      /* dmabuf offset */
+    int32_t dmabuf;       /* registered by ibv_reg_dmabuf_mr */
+    int32_t fd;           /* the dmabuf fd it was given, else -1 */
+    int32_t fd_is_dmabuf; /* at registration, /proc/self/fd/<fd> named a DMA-BUF */
+    int32_t reserved;
+};
+/* The newest live MR of `device` whose iova range holds `addr`: 0, ENOENT
+ * when none, ENODEV for an unknown device. Lets GPU tests see which
+ * registration path the engine took and what it handed to the "NIC". */
+int mc_softverbs_find_mr(const char *device, uint64_t addr, struct mc_softverbs_mr_info *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -150,3 +150,25 @@ SV_EXPORT int mc_softverbs_pending(const char *device) {
     std::lock_guard<std::mutex> l2(d->qmu);
     return static_cast<int>(d->queue.size()) + (d->busy ? 1 : 0);
 }
+
+SV_EXPORT int mc_softverbs_find_mr(const char *device, uint64_t addr, mc_softverbs_mr_info *out) {
+    ensure_configured();
+    std::lock_guard<std::mutex> lock(registry().mu);
+    Device *d = lookup(device);
+    if (!d || !out) return d ? EINVAL : ENODEV;
+    const Mr *best = nullptr;
+    for (const auto &kv : d->by_lkey) {
+        const Mr *m = kv.second.get();
+        if (addr >= m->iova && addr - m->iova < m->length && (!best || m->serial > best->serial)) best = m;
+    }
+    if (!best) return ENOENT;
+    *out = mc_softverbs_mr_info{};
+    out->lkey = best->h.abi.lkey;
+    out->rkey = best->h.abi.rkey;
+    out->length = best->length;
+    out->offset = best->offset;
+    out->dmabuf = best->dmabuf ? 1 : 0;
+    out->fd = best->fd;
+    out->fd_is_dmabuf = best->fd_is_dmabuf ? 1 : 0;
+    return 0;
+}

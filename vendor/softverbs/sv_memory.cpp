@@ -1,5 +1,8 @@
 // Protection domains and memory regions (keys, bounds, access flags), and
 // the EFAULT knob that imitates a GPU buffer without nvidia-peermem.
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 
 #include "sv_state.h"
@@ -46,6 +49,17 @@ SV_EXPORT int ibv_dealloc_pd(ibv::pd *pd) {
 
 namespace sv {
 
+// A DMA-BUF fd links to "/dmabuf:<name>" (Linux >= 5.x) or
+// "anon_inode:dmabuf" (older kernels).
+static bool fd_names_dmabuf(int fd) {
+    char link[64], target[256];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n <= 0) return false;
+    target[n] = 0;
+    return std::strstr(target, "dmabuf") != nullptr;
+}
+
 ibv::mr *register_mr(ibv::pd *pd, void *host, size_t length, uint64_t iova, int access,
                      bool optional_ok, bool dmabuf, int fd, uint64_t offset) {
     Pd *p = impl_of<Pd>(pd);
@@ -72,8 +86,10 @@ ibv::mr *register_mr(ibv::pd *pd, void *host, size_t length, uint64_t iova, int 
     m->access = access;
     m->dmabuf = dmabuf;
     m->fd = fd;
+    m->fd_is_dmabuf = dmabuf && fd_names_dmabuf(fd);
     m->offset = offset;
     uint32_t counter = dev->next_key++;
+    m->serial = counter;
     uint32_t lkey = (static_cast<uint32_t>(dev->index & 0xff) << 24) | ((counter << 1) & 0xfffffe);
     ibv::mr &abi = m->h.abi;
     abi.context = pd->context;

@@ -68,7 +68,9 @@ struct Mr {
     int access = 0;
     bool dmabuf = false;
     int fd = -1;
+    bool fd_is_dmabuf = false;  // checked at registration (find_mr reports it)
     uint64_t offset = 0;
+    uint32_t serial = 0;        // registration order on the device (newest wins)
 };
 
 struct Channel {

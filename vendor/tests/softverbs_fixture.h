@@ -8,6 +8,7 @@
 #include <poll.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -40,6 +41,7 @@ struct Controls {
     int (*get_counters)(const char *, mc_softverbs_counters *) = nullptr;
     void (*reset_counters)() = nullptr;
     int (*pending)(const char *) = nullptr;
+    int (*find_mr)(const char *, uint64_t, mc_softverbs_mr_info *) = nullptr;
 
     const ibv::VerbsApi &api() const { return lib->api(); }
 };
@@ -50,11 +52,18 @@ void bind(const ibv::VerbsLibrary &lib, const char *name, F &fn) {
     if (!fn) throw std::runtime_error(std::string("softverbs lacks ") + name);
 }
 
+// Where the stand-in is: env MC_SOFTVERBS_PATH (the GPU lane's bundle,
+// run away from the build tree), else the library the Makefile built.
+inline const char *softverbs_path() {
+    const char *env = std::getenv("MC_SOFTVERBS_PATH");
+    return env && *env ? env : MC_SOFTVERBS_PATH;
+}
+
 // The stand-in, loaded once, with every control resolved.
 inline Controls &sv() {
     static Controls c = [] {
         Controls k;
-        k.lib = &ibv::VerbsLibrary::load(MC_SOFTVERBS_PATH);
+        k.lib = &ibv::VerbsLibrary::load(softverbs_path());
         bind(*k.lib, "mc_softverbs_configure", k.configure);
         bind(*k.lib, "mc_softverbs_device_count", k.device_count);
         bind(*k.lib, "mc_softverbs_sysfs_root", k.sysfs_root);
@@ -69,6 +78,7 @@ inline Controls &sv() {
         bind(*k.lib, "mc_softverbs_get_counters", k.get_counters);
         bind(*k.lib, "mc_softverbs_reset_counters", k.reset_counters);
         bind(*k.lib, "mc_softverbs_pending", k.pending);
+        bind(*k.lib, "mc_softverbs_find_mr", k.find_mr);
         return k;
     }();
     return c;
