@@ -80,6 +80,12 @@ const char *mc_softverbs_sysfs_root(void);
  * every open context of the device; while down, WRs from or to the device
  * complete with IBV_WC_RETRY_EXC_ERR. */
 int mc_softverbs_set_port_state(const char *device, int up);
+/* Replaces the populated GID entry `index` of port 1 with the 16 bytes at
+ * `gid` and raises IBV_EVENT_GID_CHANGE on every open context of the
+ * device (stand-in feature: on hardware the kernel changes the table, e.g.
+ * when an IP address moves). QPs addressed to the old GID no longer reach
+ * the device. EINVAL for an unpopulated index. */
+int mc_softverbs_set_gid(const char *device, int index, const uint8_t *gid);
 /* The next `count` WRs executed by `device` as requester (peer_device NULL)
  * or by `device` towards `peer_device` complete with `wc_status` (not
  * SUCCESS) without moving data, and their QP goes to ERR, like hardware.

@@ -54,6 +54,17 @@ SV_EXPORT int mc_softverbs_set_port_state(const char *device, int up) {
     return 0;
 }
 
+SV_EXPORT int mc_softverbs_set_gid(const char *device, int index, const uint8_t *gid) {
+    ensure_configured();
+    std::lock_guard<std::mutex> lock(registry().mu);
+    Device *d = lookup(device);
+    if (!d) return ENODEV;
+    if (!gid || index < 0 || static_cast<size_t>(index) >= d->gids.size()) return EINVAL;
+    std::memcpy(d->gids[static_cast<size_t>(index)].gid.raw, gid, 16);
+    raise_device_event(d, ibv::IBV_EVENT_GID_CHANGE);
+    return 0;
+}
+
 SV_EXPORT int mc_softverbs_inject_wc_error(const char *device, const char *peer_device, int count,
                                            int wc_status) {
     ensure_configured();

@@ -142,6 +142,7 @@ SV_EXPORT int ibv_query_gid(ibv::context *context, uint8_t port, int index, ibv:
         return -1;
     }
     std::memset(out, 0, sizeof(*out));  // empty entries read as zero, as in rdma-core
+    std::lock_guard<std::mutex> lock(registry().mu);  // mc_softverbs_set_gid writes the table
     if (static_cast<size_t>(index) < dev->gids.size()) *out = dev->gids[static_cast<size_t>(index)].gid;
     return 0;
 }

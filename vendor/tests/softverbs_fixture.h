@@ -31,6 +31,7 @@ struct Controls {
     int (*device_count)() = nullptr;
     const char *(*sysfs_root)() = nullptr;
     int (*set_port_state)(const char *, int) = nullptr;
+    int (*set_gid)(const char *, int, const uint8_t *) = nullptr;
     int (*inject_wc_error)(const char *, const char *, int, int) = nullptr;
     int (*set_qp_error)(const char *, uint32_t) = nullptr;
     int (*add_efault_range)(uint64_t, uint64_t) = nullptr;
@@ -68,6 +69,7 @@ inline Controls &sv() {
         bind(*k.lib, "mc_softverbs_device_count", k.device_count);
         bind(*k.lib, "mc_softverbs_sysfs_root", k.sysfs_root);
         bind(*k.lib, "mc_softverbs_set_port_state", k.set_port_state);
+        bind(*k.lib, "mc_softverbs_set_gid", k.set_gid);
         bind(*k.lib, "mc_softverbs_inject_wc_error", k.inject_wc_error);
         bind(*k.lib, "mc_softverbs_set_qp_error", k.set_qp_error);
         bind(*k.lib, "mc_softverbs_add_efault_range", k.add_efault_range);

@@ -22,6 +22,7 @@ using rdmatest::make_pair_engines;
 using rdmatest::Pair;
 using rdmatest::rdma_cfg;
 using rdmatest::run_one;
+using rdmatest::sv_served;
 using rdmatest::sv_wrs;
 
 namespace {
@@ -66,31 +67,90 @@ TEST(rdma_nic_choice_pick_rail_skips_paused_and_down) {
     LocalNicPlan p;
     p.stripe = {0, 1};
     p.fallback = {2};
+    NicPlan two;
+    two.stripe = {0, 1};
+    NicPlan one;
+    one.stripe = {0};
     auto up = [](size_t) { return true; };
     auto none = [](size_t, size_t) { return false; };
-    RailPick r = pick_rail(p, 1, 2, 1, up, none);
+    RailPick r = pick_rail(p, 1, two, 1, up, none);
     REQUIRE(r.found);
     CHECK_EQ(local_at(p, r.local_pos), 1u);
     CHECK_EQ(r.peer_pos, 1u);
     // Stripe NICs down: the fallback.
-    r = pick_rail(p, 0, 2, 0, [](size_t n) { return n == 2; }, none);
+    r = pick_rail(p, 0, two, 0, [](size_t n) { return n == 2; }, none);
     REQUIRE(r.found);
     CHECK_EQ(local_at(p, r.local_pos), 2u);
     // Rail (0, peer 0) paused: peer 1 on the same NIC.
-    r = pick_rail(p, 0, 2, 0, up, [](size_t l, size_t pp) { return l == 0 && pp == 0; });
+    r = pick_rail(p, 0, two, 0, up, [](size_t l, size_t pn) { return l == 0 && pn == 0; });
     REQUIRE(r.found);
     CHECK_EQ(local_at(p, r.local_pos), 0u);
     CHECK_EQ(r.peer_pos, 1u);
     // Everything paused: still a rail (a paused rail beats none).
-    r = pick_rail(p, 0, 2, 0, up, [](size_t, size_t) { return true; });
+    r = pick_rail(p, 0, two, 0, up, [](size_t, size_t) { return true; });
     CHECK(r.found);
     // Avoided local NIC skipped while another exists.
-    r = pick_rail(p, 0, 1, 0, up, none, 0);
+    r = pick_rail(p, 0, one, 0, up, none, 0);
     REQUIRE(r.found);
     CHECK_EQ(local_at(p, r.local_pos), 1u);
     // Nothing usable.
-    r = pick_rail(p, 0, 1, 0, [](size_t) { return false; }, none);
+    r = pick_rail(p, 0, one, 0, [](size_t) { return false; }, none);
     CHECK(!r.found);
+    // Peer side: the stripe (rotated) first, the fallback only when every
+    // stripe rail is paused; `paused` sees the peer NIC, not its position.
+    NicPlan peers;
+    peers.stripe = {5};
+    peers.fallback = {3, 4};
+    r = pick_rail(p, 0, peers, 7, up, none);
+    REQUIRE(r.found);
+    CHECK_EQ(nic_at(peers, r.peer_pos), 5u);
+    r = pick_rail(p, 0, peers, 0, up, [](size_t, size_t pn) { return pn == 5; });
+    REQUIRE(r.found);
+    CHECK_EQ(local_at(p, r.local_pos), 0u);
+    CHECK_EQ(nic_at(peers, r.peer_pos), 3u);
+    r = pick_rail(p, 0, peers, 0, up, [](size_t, size_t pn) { return pn != 4; });
+    REQUIRE(r.found);
+    CHECK_EQ(nic_at(peers, r.peer_pos), 4u);
+    // Empty peer plan: nothing.
+    CHECK(!pick_rail(p, 0, NicPlan{}, 0, up, none).found);
+}
+
+TEST(rdma_nic_choice_peer_plan_follows_published_matrix) {
+    // devices[] order differs from the matrix order on purpose: the plan
+    // maps by name.
+    std::vector<std::string> devs{"p1", "p0", "p2"};
+    mcrs::Json m = mcrs::Json::parse(R"({"cpu:0":[["p0"],["p1"]],"cpu:1":[["p1"],["p0","p2"]]})");
+    PeerTopology t = PeerTopology::from_descriptor(m, devs);
+    std::vector<size_t> all{0, 1, 2};
+    NicPlan p = plan_peer_nics(t, "cpu:0", all);
+    CHECK(p.stripe == std::vector<size_t>{1});
+    CHECK(p.fallback == (std::vector<size_t>{0, 2}));  // available first, then the rest
+    p = plan_peer_nics(t, "cpu:1", all);
+    CHECK(p.stripe == std::vector<size_t>{0});
+    CHECK(p.fallback == (std::vector<size_t>{1, 2}));
+    // Preferred NIC not link-layer compatible: the available ones.
+    p = plan_peer_nics(t, "cpu:1", {1, 2});
+    CHECK(p.stripe == (std::vector<size_t>{1, 2}));
+    CHECK(p.fallback.empty());
+    // Nothing of the entry eligible: every eligible NIC.
+    p = plan_peer_nics(t, "cpu:0", {2});
+    CHECK(p.stripe == std::vector<size_t>{2});
+    // Unknown location, no "*": every device preferred.
+    p = plan_peer_nics(t, "cuda:0", all);
+    CHECK_EQ(p.stripe.size(), 3u);
+    CHECK(p.fallback.empty());
+    // No matrix published: every device preferred.
+    PeerTopology none = PeerTopology::from_descriptor(mcrs::Json(), devs);
+    p = plan_peer_nics(none, "cpu:0", all);
+    CHECK(p.stripe == (std::vector<size_t>{0, 1, 2}));
+    // A "*" entry catches unknown locations.
+    PeerTopology star =
+        PeerTopology::from_descriptor(mcrs::Json::parse(R"({"*":[["p2"],[]]})"), devs);
+    p = plan_peer_nics(star, "cuda:3", all);
+    CHECK(p.stripe == std::vector<size_t>{2});
+    CHECK(p.fallback == (std::vector<size_t>{0, 1}));
+    CHECK_EQ(t.index_of("p0"), 1);
+    CHECK_EQ(t.index_of("zz"), -1);
 }
 
 TEST(rdma_local_nics_follow_buffer_numa) {
@@ -227,4 +287,79 @@ TEST(rdma_install_transport_with_topology_arg) {
         x->unregister_memory(a.data());
         b->unregister_memory(dst.data());
     }
+}
+
+// 6.5: the peer NIC follows the peer's published matrix for the TARGET
+// buffer's location; a paused rail to the preferred peer NIC moves the
+// slices to the peer's other NIC.
+TEST(rdma_peer_nics_follow_target_buffer_location) {
+    svtest::configure("sv0:roce:numa=0,sv1:roce:numa=1,sv2:roce:numa=0,sv3:roce:numa=1");
+    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard topo("MC_CUSTOM_TOPO_JSON", nullptr);
+    EnvGuard pause("MC_RDMA_RAIL_PAUSE_SECONDS", "30");
+    const size_t n = 1u << 20;
+    std::vector<char> src(n), d0(n), d1(n);
+    Pair p = make_pair_engines({"sv0", "sv1"}, {"sv2", "sv3"});
+    p.a->register_memory(src.data(), n, "cpu:0", true);
+    p.b->register_memory(d0.data(), n, "cpu:0", true);
+    p.b->register_memory(d1.data(), n, "cpu:1", true);
+    // The peer publishes cpu:0 -> sv2, cpu:1 -> sv3 (discovered from NUMA).
+    mcrs::SegmentDesc bd = p.b->local_descriptor();
+    PeerTopology pt = PeerTopology::from_descriptor(bd.priority_matrix, {"sv2", "sv3"});
+    REQUIRE(pt.entry_for("cpu:1").preferred == std::vector<std::string>{"sv3"});
+    REQUIRE(pt.entry_for("cpu:0").preferred == std::vector<std::string>{"sv2"});
+    int32_t seg = p.a->open_segment(p.b->segment_name(), false);
+
+    // cpu:1 target: served by sv3 only; cpu:0 target: by sv2 only.
+    mctest::fill_random(src, 51);
+    svtest::sv().reset_counters();
+    CHECK_EQ(run_one(*p.a, seg, OPCODE_WRITE, src.data(), reinterpret_cast<uint64_t>(d1.data()), n),
+             STATUS_COMPLETED);
+    CHECK_EQ(std::memcmp(src.data(), d1.data(), n), 0);
+    CHECK_EQ(sv_served("sv3"), 16u);
+    CHECK_EQ(sv_served("sv2"), 0u);
+    CHECK_EQ(sv_wrs("sv0"), 16u);  // local side still follows the local buffer
+    mctest::fill_random(src, 52);
+    svtest::sv().reset_counters();
+    CHECK_EQ(run_one(*p.a, seg, OPCODE_WRITE, src.data(), reinterpret_cast<uint64_t>(d0.data()), n),
+             STATUS_COMPLETED);
+    CHECK_EQ(std::memcmp(src.data(), d0.data(), n), 0);
+    CHECK_EQ(sv_served("sv2"), 16u);
+    CHECK_EQ(sv_served("sv3"), 0u);
+    // READs pick the peer NIC the same way.
+    svtest::sv().reset_counters();
+    std::vector<char> back(n);
+    p.a->register_memory(back.data(), n, "cpu:0", true);
+    CHECK_EQ(run_one(*p.a, seg, OPCODE_READ, back.data(), reinterpret_cast<uint64_t>(d1.data()), n),
+             STATUS_COMPLETED);
+    CHECK_EQ(std::memcmp(back.data(), d1.data(), n), 0);
+    CHECK_EQ(sv_served("sv3"), 16u);
+    CHECK_EQ(sv_served("sv2"), 0u);
+
+    // A remote fault on sv0 -> sv3 pauses that rail; the cpu:1 slices move
+    // to the peer's sv2 and the data still arrives.
+    std::string rail3 = p.b->segment_name() + "@sv3";
+    REQUIRE_EQ(svtest::sv().inject_wc_error("sv0", "sv3", 1, mcrs::ibv::IBV_WC_RETRY_EXC_ERR), 0);
+    mctest::fill_random(src, 53);
+    svtest::sv().reset_counters();
+    std::string why;
+    CHECK_EQ(run_one(*p.a, seg, OPCODE_WRITE, src.data(), reinterpret_cast<uint64_t>(d1.data()), n, &why),
+             STATUS_COMPLETED);
+    CHECK_EQ(std::memcmp(src.data(), d1.data(), n), 0);
+    CHECK(p.a->rdma()->rail_paused("sv0", rail3));
+    CHECK(sv_served("sv2") > 0);
+    // While paused, every cpu:1 slice lands on sv2.
+    mctest::fill_random(src, 54);
+    svtest::sv().reset_counters();
+    CHECK_EQ(run_one(*p.a, seg, OPCODE_WRITE, src.data(), reinterpret_cast<uint64_t>(d1.data()), n),
+             STATUS_COMPLETED);
+    CHECK_EQ(std::memcmp(src.data(), d1.data(), n), 0);
+    CHECK_EQ(sv_served("sv3"), 0u);
+    CHECK_EQ(sv_served("sv2"), 16u);
+
+    svtest::sv().reset_faults();
+    p.a->unregister_memory(src.data());
+    p.a->unregister_memory(back.data());
+    p.b->unregister_memory(d0.data());
+    p.b->unregister_memory(d1.data());
 }

@@ -153,3 +153,27 @@ TEST(rdma_rail_threads) {
     CHECK_EQ(paused.load(), 8);  // each of the 8 rails paused exactly once
     for (int i = 0; i < 8; ++i) CHECK(m.is_paused("rail" + std::to_string(i) + "@x"));
 }
+
+TEST(rdma_rail_any_paused_fast_path) {
+    FakeClock c;
+    RailMonitor m(RailPolicy{5, 5000, 3000}, c.fn());
+    CHECK(!m.any_paused());
+    CHECK(!m.record_error("a", false));  // counted, not paused
+    CHECK(!m.any_paused());
+    CHECK(m.record_error("a", true));
+    CHECK(m.any_paused());
+    c.now += 1000;
+    CHECK(m.record_error("b", true));  // the later pause sets the horizon
+    c.now += 2500;
+    CHECK(!m.is_paused("a"));
+    CHECK(m.is_paused("b"));
+    CHECK(m.any_paused());
+    c.now += 600;
+    CHECK(!m.any_paused());
+    CHECK(!m.is_paused("b"));
+    // clear() keeps the horizon (conservative); lookups stay exact.
+    CHECK(m.record_error("c", true));
+    m.clear("c");
+    CHECK(m.any_paused());
+    CHECK(!m.is_paused("c"));
+}

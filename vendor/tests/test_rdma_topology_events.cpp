@@ -13,6 +13,7 @@
 #include "engine/segment_descriptor.h"
 #include "engine_fixture.h"
 #include "rdma_engine_fixture.h"
+#include "transport/rdma/gid.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/rdma/topology.h"
 
@@ -100,4 +101,71 @@ TEST(rdma_port_events_refresh_published_topology) {
     p.b->close_segment(seg);
     p.a->unregister_memory(buf.data());
     p.b->unregister_memory(back.data());
+}
+
+namespace {
+
+std::string published_gid(mcrs::TransferEngine &e, const std::string &nic) {
+    for (const auto &d : e.local_descriptor().devices)
+        if (d.name == nic) return d.gid;
+    return "";
+}
+
+}  // namespace
+
+// 6.6: GID_CHANGE re-reads the port, re-selects the GID and republishes;
+// endpoints built on the old GID are torn down so both directions
+// re-handshake and still move verified data.
+TEST(rdma_gid_change_republishes_and_reconnects) {
+    svtest::configure("sv0:roce:numa=0,sv1:roce:numa=0");
+    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard topo("MC_CUSTOM_TOPO_JSON", nullptr);
+    EnvGuard gidx("MC_GID_INDEX", nullptr);
+    const size_t n = 1u << 20;
+    std::vector<char> src(n), dst(n), back(n);
+    Pair p = make_pair_engines({"sv0"}, {"sv1"});
+    p.a->register_memory(src.data(), n, "cpu:0", true);
+    p.a->register_memory(back.data(), n, "cpu:0", true);
+    p.b->register_memory(dst.data(), n, "cpu:0", true);
+    int32_t seg_b = p.a->open_segment(p.b->segment_name(), false);
+    int32_t seg_a = p.b->open_segment(p.a->segment_name(), false);
+    uint64_t remote = reinterpret_cast<uint64_t>(dst.data());
+    mctest::fill_random(src, 71);
+    REQUIRE_EQ(run_one(*p.a, seg_b, OPCODE_WRITE, src.data(), remote, n), STATUS_COMPLETED);
+    REQUIRE_EQ(run_one(*p.b, seg_a, OPCODE_READ, dst.data(), reinterpret_cast<uint64_t>(src.data()), n),
+               STATUS_COMPLETED);
+    std::string before = published_gid(*p.a, "sv0");
+    REQUIRE(!before.empty());
+
+    // Both entries of pair 0 (the only populated ones) move to a new GID.
+    mcrs::rdma::Gid fresh{};
+    fresh[0] = 0xfe;
+    fresh[1] = 0x80;
+    fresh[13] = 0x77;
+    fresh[14] = 0x00;
+    fresh[15] = 0x01;
+    std::string want = mcrs::rdma::format_gid(fresh);
+    REQUIRE(want != before);
+    REQUIRE_EQ(svtest::sv().set_gid("sv0", 0, fresh.data()), 0);
+    REQUIRE_EQ(svtest::sv().set_gid("sv0", 1, fresh.data()), 0);
+    for (int i = 0; i < 200 && published_gid(*p.a, "sv0") != want; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK_EQ(published_gid(*p.a, "sv0"), want);
+    CHECK_EQ(usable_in_topology(*p.a, "sv0"), true);
+
+    // a -> b over a fresh endpoint (b's side gets the new GID in the handshake).
+    mctest::fill_random(src, 72);
+    std::string why;
+    CHECK_EQ(run_one(*p.a, seg_b, OPCODE_WRITE, src.data(), remote, n, &why), STATUS_COMPLETED);
+    CHECK_EQ(std::memcmp(src.data(), dst.data(), n), 0);
+    // b -> a: b's cached endpoint still targets the old GID; its failure
+    // makes b re-handshake and the retry lands.
+    mctest::fill_random(dst, 73);
+    CHECK_EQ(run_one(*p.b, seg_a, OPCODE_WRITE, dst.data(), reinterpret_cast<uint64_t>(back.data()), n, &why),
+             STATUS_COMPLETED);
+    CHECK_EQ(std::memcmp(dst.data(), back.data(), n), 0);
+    svtest::sv().reset_faults();
+    p.a->unregister_memory(src.data());
+    p.a->unregister_memory(back.data());
+    p.b->unregister_memory(dst.data());
 }

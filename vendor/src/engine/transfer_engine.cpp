@@ -514,7 +514,7 @@ void TransferEngine::dispatch(
         if (kv.first == target) desc = kv.second;
     const SegmentDesc &d = *desc;
     if (d.protocol == "rdma" && rdma()) {
-        rdma()->submit(d, items);
+        rdma()->submit(desc, items);
         return;
     }
     // Same host, another process, and the target buffer has a CUDA IPC

@@ -86,14 +86,22 @@ bool RailMonitor::record_error(const std::string &rail, bool has_alternative) {
     if (has_alternative || static_cast<int>(s.errors.size()) >= policy_.error_threshold) {
         s.paused_until = now + policy_.pause_ms;
         s.errors.clear();
+        if (s.paused_until > paused_until_max_.load(std::memory_order_relaxed))
+            paused_until_max_.store(s.paused_until, std::memory_order_relaxed);
         return true;
     }
     return false;
 }
 
+bool RailMonitor::any_paused() const {
+    int64_t until = paused_until_max_.load(std::memory_order_relaxed);
+    return until != 0 && clock_() < until;
+}
+
 bool RailMonitor::is_paused(const std::string &rail) const { return paused_for_ms(rail) > 0; }
 
 int64_t RailMonitor::paused_for_ms(const std::string &rail) const {
+    if (!any_paused()) return 0;
     int64_t now = clock_();
     std::lock_guard<std::mutex> g(mu_);
     auto it = rails_.find(rail);

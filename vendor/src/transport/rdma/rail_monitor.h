@@ -2,6 +2,7 @@
 // for a slice, and per peer-NIC-path ("rail") error accounting with pauses.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -86,6 +87,9 @@ public:
     // nor extend the pause. Returns true when this call paused the rail.
     bool record_error(const std::string &rail, bool has_alternative);
     bool is_paused(const std::string &rail) const;
+    // False when no rail can be paused right now: one relaxed load and a
+    // clock read, no lock, so the data path can skip building rail keys.
+    bool any_paused() const;
     // 0 when not paused.
     int64_t paused_for_ms(const std::string &rail) const;
     void clear(const std::string &rail);
@@ -104,6 +108,9 @@ private:
     mutable std::mutex mu_;
     std::map<std::string, State> rails_;
     int64_t last_sweep_ = 0;
+    // The latest paused_until ever set: past it no rail is paused. Only
+    // grows (clear() leaves it; is_paused then takes the locked path).
+    std::atomic<int64_t> paused_until_max_{0};
 };
 
 }  // namespace mcrs::rdma

@@ -86,15 +86,49 @@ struct ItemState {
 };
 }  // namespace
 
+// Everything submit() derives from one peer descriptor and the usable local
+// NICs, built once per (descriptor object, usable epoch) so that slices
+// only index into it. Location plans are added lazily, under `mu`.
+struct RdmaTransport::PeerRoute {
+    std::weak_ptr<const SegmentDesc> desc;  // the version: a refetch is a new object
+    uint64_t epoch = 0;                     // usable_epoch_ when built
+    std::string error;                      // no common link layer etc.
+    std::vector<size_t> lnics;              // local NICs of the agreed link layer
+    std::vector<size_t> peer_nics;          // peer devices[] indexes, same
+    PeerTopology topo;                      // the peer's published matrix
+    std::vector<std::string> peer_paths;    // per devices[] index: "<server>@<dev>"
+    std::vector<std::string> ep_keys;       // per nic * devices + index: active_ key
+    std::mutex mu;
+    std::map<std::string, std::shared_ptr<const NicPlan>> local_plans, peer_plans;  // by location
+
+    const std::string &ep_key(size_t nic, size_t peer_idx) const {
+        return ep_keys[nic * peer_paths.size() + peer_idx];
+    }
+    std::shared_ptr<const NicPlan> local_plan(const Topology &t, const std::string &location) {
+        std::lock_guard<std::mutex> g(mu);
+        auto &p = local_plans[location];
+        if (!p) p = std::make_shared<const NicPlan>(plan_local_nics(t, location, lnics));
+        return p;
+    }
+    // 6.5: the peer NICs of the target buffer's location (its "name").
+    std::shared_ptr<const NicPlan> peer_plan(const std::string &location) {
+        std::lock_guard<std::mutex> g(mu);
+        auto &p = peer_plans[location];
+        if (!p) p = std::make_shared<const NicPlan>(plan_peer_nics(topo, location, peer_nics));
+        return p;
+    }
+};
+
 struct RdmaTransport::Slice {
     std::shared_ptr<ItemState> item;
     std::shared_ptr<const SegmentDesc> peer;
+    std::shared_ptr<PeerRoute> route;
     int opcode = 0;
     uint64_t local = 0, remote = 0, len = 0;
     size_t peer_buf = 0;
-    std::shared_ptr<const LocalNicPlan> plan;  // local NICs: stripe, then fallback
-    std::shared_ptr<const std::vector<size_t>> peer_nics;  // indexes into peer->devices
-    size_t local_pos = 0, peer_pos = 0;  // local_pos: into stripe + fallback
+    std::shared_ptr<const NicPlan> plan;       // local NICs: stripe, then fallback
+    std::shared_ptr<const NicPlan> peer_plan;  // peer devices[] indexes: stripe, then fallback
+    size_t local_pos = 0, peer_pos = 0;        // into stripe + fallback of each
     long avoid_local = -1;               // a local fault happened on this NIC
     int retries = 0;
     std::shared_ptr<Endpoint> ep;
@@ -103,7 +137,7 @@ struct RdmaTransport::Slice {
     std::chrono::steady_clock::time_point posted_at;  // the slice timeout counts from here
 
     size_t nic() const { return local_at(*plan, local_pos); }
-    size_t peer_idx() const { return (*peer_nics)[peer_pos % peer_nics->size()]; }
+    size_t peer_idx() const { return nic_at(*peer_plan, peer_pos); }
 };
 
 RdmaTransport::RdmaTransport(RdmaTransportOptions opt, RdmaConfig cfg)
@@ -402,8 +436,9 @@ void RdmaTransport::fill_descriptor(SegmentDesc &d) const {
         const RdmaContext &c = *ctxs_[i];
         DeviceDesc dd;
         dd.name = c.name;
-        dd.gid = c.gid_text;
-        dd.lid = c.lid;
+        PortAddress pa = c.address();
+        dd.gid = pa.gid_text;
+        dd.lid = pa.lid;
         dd.link_layer = link_layer_name(c.link_layer);
         d.devices.push_back(dd);
     }
@@ -467,18 +502,19 @@ void RdmaTransport::connect_qps(Endpoint &ep, const std::vector<uint32_t> &peer_
                                 const ibv::gid &peer_gid, uint32_t peer_lid) {
     const auto &api = lib_->api();
     RdmaContext &c = *ctxs_[ep.nic];
+    PortAddress pa = c.address();
     for (size_t i = 0; i < ep.qps.size(); ++i) {
         ibv::qp_attr a{};
         a.qp_state = ibv::IBV_QPS_RTR;
         int mtu = mtu_enum(cfg_.mtu);
-        a.path_mtu = static_cast<ibv::mtu>(c.active_mtu < mtu ? c.active_mtu : mtu);
+        a.path_mtu = static_cast<ibv::mtu>(pa.active_mtu < mtu ? pa.active_mtu : mtu);
         a.dest_qp_num = peer_qpn[i];
         a.rq_psn = 0;
         a.max_dest_rd_atomic = 16;
         a.min_rnr_timer = 12;
         a.ah_attr.is_global = 1;
         a.ah_attr.grh.dgid = peer_gid;
-        a.ah_attr.grh.sgid_index = static_cast<uint8_t>(c.gid_index);
+        a.ah_attr.grh.sgid_index = static_cast<uint8_t>(pa.gid_index);
         a.ah_attr.grh.hop_limit = 16;
         if (cfg_.ib_tc >= 0) a.ah_attr.grh.traffic_class = static_cast<uint8_t>(cfg_.ib_tc);
         a.ah_attr.dlid = static_cast<uint16_t>(peer_lid);
@@ -519,12 +555,21 @@ void RdmaTransport::drop_endpoint(const std::shared_ptr<Endpoint> &ep) {
     }
 }
 
-std::shared_ptr<RdmaTransport::Endpoint> RdmaTransport::get_endpoint(size_t nic, const SegmentDesc &peer,
-                                                                     const std::string &peer_dev,
-                                                                     const DeviceDesc *pdev) {
+std::shared_ptr<RdmaTransport::Endpoint> RdmaTransport::get_endpoint(size_t nic, const PeerRoute &route,
+                                                                     size_t peer_idx) {
+    const std::string &key = route.ep_key(nic, peer_idx);
+    {
+        // The common case: connected already; no handshake lock, no strings built.
+        std::lock_guard<std::mutex> g(ep_mu_);
+        auto it = active_.find(key);
+        if (it != active_.end() && !it->second->broken.load()) return it->second;
+    }
+    auto peer_sp = route.desc.lock();
+    if (!peer_sp) throw Error(kErrEndpoint, "the peer descriptor went away");
+    const SegmentDesc &peer = *peer_sp;
+    const DeviceDesc *pdev = &peer.devices[peer_idx];
+    const std::string &peer_path = route.peer_paths[peer_idx];
     std::string own_path = make_nic_path(opt_.server_name, ctxs_[nic]->name);
-    std::string peer_path = make_nic_path(peer.name, peer_dev);
-    std::string key = std::to_string(nic) + "|" + peer_path;
     std::lock_guard<std::mutex> cg(connect_mu_);
     {
         std::lock_guard<std::mutex> g(ep_mu_);
@@ -545,14 +590,15 @@ std::shared_ptr<RdmaTransport::Endpoint> RdmaTransport::get_endpoint(size_t nic,
     };
     std::vector<uint32_t> qpn;
     for (auto *q : ep->qps) qpn.push_back(q->qp_num);
+    PortAddress own = ctxs_[nic]->address();
     if (peer_path == own_path) {
         try {
-            connect_qps(*ep, qpn, ctxs_[nic]->gid, ctxs_[nic]->lid);
+            connect_qps(*ep, qpn, own.gid, own.lid);
         } catch (const Error &e) {
             fail(e.code(), e.what());
         }
     } else {
-        HandShakeDesc req = make_request(own_path, peer_path, ctxs_[nic]->lid, ctxs_[nic]->gid_text, qpn);
+        HandShakeDesc req = make_request(own_path, peer_path, own.lid, own.gid_text, qpn);
         req.ready_ack = false;
         HandShakeDesc rep;
         try {
@@ -617,8 +663,9 @@ Json RdmaTransport::handle_connection(const Json &request) {
         std::vector<uint32_t> qpn;
         for (auto *q : ep.qps) qpn.push_back(q->qp_num);
         const RdmaContext &c = *ctxs_[ep.nic];
+        PortAddress pa = c.address();
         HandShakeDesc r = make_request(make_nic_path(opt_.server_name, c.name), req.local_nic_path,
-                                       c.lid, c.gid_text, qpn);
+                                       pa.lid, pa.gid_text, qpn);
         r.ready_ack = false;
         return encode_handshake(r);
     };
@@ -712,8 +759,58 @@ std::string RdmaTransport::rail_key(size_t nic, const std::string &peer_path) co
     return ctxs_[nic]->name + "|" + peer_path;
 }
 
-std::string RdmaTransport::peer_path_of(const Slice &s) const {
-    return make_nic_path(s.peer->name, s.peer->devices[s.peer_idx()].name);
+std::string RdmaTransport::peer_path_of(const Slice &s) const { return s.route->peer_paths[s.peer_idx()]; }
+
+bool RdmaTransport::rail_paused(size_t nic, const PeerRoute &route, size_t peer_idx) const {
+    return rails_.any_paused() && rails_.is_paused(rail_key(nic, route.peer_paths[peer_idx]));
+}
+
+std::shared_ptr<RdmaTransport::PeerRoute> RdmaTransport::route_for(
+    const std::shared_ptr<const SegmentDesc> &peer) {
+    uint64_t epoch = usable_epoch_.load();
+    {
+        std::lock_guard<std::mutex> g(routes_mu_);
+        auto it = routes_.find(peer->name);
+        if (it != routes_.end() && it->second->epoch == epoch && it->second->desc.lock() == peer)
+            return it->second;
+    }
+    auto r = std::make_shared<PeerRoute>();
+    r->desc = peer;
+    r->epoch = epoch;
+    std::vector<NicLink> local;
+    std::vector<size_t> local_idx;
+    for (size_t i = 0; i < ctxs_.size(); ++i)
+        if (ctxs_[i]->usable.load()) {
+            local.push_back(NicLink{ctxs_[i]->name, ctxs_[i]->link_layer});
+            local_idx.push_back(i);
+        }
+    LinkPlan plan;
+    try {
+        if (local.empty()) throw Error(kErrDeviceNotFound, "no local RDMA NIC is usable (all ports down)");
+        plan = plan_link_layer(local, peer_links_from_descriptor(peer->devices), peer->name);
+        if (plan.local.empty() || plan.peer.empty())
+            throw Error(kErrDeviceNotFound, "no common RDMA link layer with segment '" + peer->name + "'");
+    } catch (const Error &e) {
+        r->error = e.what();
+    }
+    for (size_t k : plan.local) r->lnics.push_back(local_idx[k]);
+    std::sort(r->lnics.begin(), r->lnics.end());
+    r->peer_nics = plan.peer;
+    std::vector<std::string> names;
+    for (const auto &d : peer->devices) names.push_back(d.name);
+    try {
+        r->topo = PeerTopology::from_descriptor(peer->priority_matrix, names);
+    } catch (const Error &e) {
+        // The matrix only steers the choice: without it every NIC is preferred.
+        MC_LOG(Warn, "segment '" << peer->name << "': " << e.what() << "; its NIC preferences are ignored");
+        r->topo = PeerTopology::from_descriptor(Json(), names);
+    }
+    for (const auto &n : names) r->peer_paths.push_back(make_nic_path(peer->name, n));
+    for (size_t nic = 0; nic < ctxs_.size(); ++nic)
+        for (const auto &pp : r->peer_paths) r->ep_keys.push_back(std::to_string(nic) + "|" + pp);
+    std::lock_guard<std::mutex> g(routes_mu_);
+    routes_[peer->name] = r;
+    return r;
 }
 
 bool RdmaTransport::rail_paused(const std::string &local_nic, const std::string &peer_nic_path) const {
@@ -726,30 +823,10 @@ uint32_t RdmaTransport::slice_timeout_ms() const {
     return opt_.transfer_timeout_ms;
 }
 
-void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem> &items) {
-    auto peer = std::make_shared<const SegmentDesc>(peer_in);
-    std::vector<NicLink> local;
-    std::vector<size_t> local_idx;
-    for (size_t i = 0; i < ctxs_.size(); ++i)
-        if (ctxs_[i]->usable.load()) {
-            local.push_back(NicLink{ctxs_[i]->name, ctxs_[i]->link_layer});
-            local_idx.push_back(i);
-        }
-    LinkPlan plan;
-    std::string plan_error;
-    try {
-        if (local.empty()) throw Error(kErrDeviceNotFound, "no local RDMA NIC is usable (all ports down)");
-        plan = plan_link_layer(local, peer_links_from_descriptor(peer->devices), peer->name);
-        if (plan.local.empty() || plan.peer.empty())
-            throw Error(kErrDeviceNotFound, "no common RDMA link layer with segment '" + peer->name + "'");
-    } catch (const Error &e) {
-        plan_error = e.what();
-    }
-    std::vector<size_t> lnics;
-    for (size_t k : plan.local) lnics.push_back(local_idx[k]);
-    std::sort(lnics.begin(), lnics.end());
-    auto peer_nics = std::make_shared<const std::vector<size_t>>(plan.peer);
-    std::map<std::string, std::shared_ptr<const LocalNicPlan>> plans;  // by location
+void RdmaTransport::submit(const std::shared_ptr<const SegmentDesc> &peer,
+                           std::vector<TransferItem> &items) {
+    std::shared_ptr<PeerRoute> route = route_for(peer);
+    const std::string &plan_error = route->error;
     std::vector<Slice *> todo;
     for (auto &it : items) {
         if (!plan_error.empty()) {
@@ -795,9 +872,10 @@ void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem>
                     "' is not remote-accessible over RDMA (no rkey per device)");
             continue;
         }
-        // The local NICs of the buffer's location (6.3), the rest as fallback.
-        auto &lp = plans[location];
-        if (!lp) lp = std::make_shared<const LocalNicPlan>(plan_local_nics(topo_, location, lnics));
+        // The local NICs of the buffer's location (6.3) and the peer NICs of
+        // the target buffer's location (6.5), the rest as fallback.
+        auto lp = route->local_plan(topo_, location);
+        auto pp = route->peer_plan(peer->buffers[pb].name);
         auto st = std::make_shared<ItemState>();
         uint64_t ss = cfg_.slice_size ? cfg_.slice_size : 65536;
         size_t nslices = static_cast<size_t>((it.length + ss - 1) / ss);
@@ -807,6 +885,7 @@ void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem>
             auto *s = new Slice;
             s->item = st;
             s->peer = peer;
+            s->route = route;
             s->opcode = st->item.opcode;
             uint64_t off = k * ss;
             s->local = laddr + off;
@@ -814,9 +893,9 @@ void RdmaTransport::submit(const SegmentDesc &peer_in, std::vector<TransferItem>
             s->len = std::min<uint64_t>(ss, st->item.length - off);
             s->peer_buf = pb;
             s->plan = lp;
-            s->peer_nics = peer_nics;
+            s->peer_plan = pp;
             s->local_pos = (k + next_rr_) % lp->stripe.size();
-            s->peer_pos = (k + next_rr_) % peer_nics->size();
+            s->peer_pos = (k + next_rr_) % pp->stripe.size();
             s->deadline = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(opt_.transfer_timeout_ms);
             todo.push_back(s);
@@ -835,12 +914,9 @@ void RdmaTransport::post_slice(Slice *s, bool from_poller) {
         // A usable local NIC of the stripe set (else a fallback) on a rail
         // that is not paused.
         RailPick pk = pick_rail(
-            *s->plan, s->local_pos, s->peer_nics->size(), s->peer_pos,
+            *s->plan, s->local_pos, *s->peer_plan, s->peer_pos,
             [this](size_t nic) { return ctxs_[nic]->usable.load(); },
-            [this, s](size_t nic, size_t pp) {
-                const std::string &dev = s->peer->devices[(*s->peer_nics)[pp]].name;
-                return rails_.is_paused(rail_key(nic, make_nic_path(s->peer->name, dev)));
-            },
+            [this, s](size_t nic, size_t pidx) { return rail_paused(nic, *s->route, pidx); },
             s->avoid_local);
         if (!pk.found) {
             finish_slice(s, false, "no local RDMA NIC is usable for this transfer (ports down)");
@@ -854,8 +930,7 @@ void RdmaTransport::post_slice(Slice *s, bool from_poller) {
         std::string err;
         bool full = false;
         try {
-            const DeviceDesc &pd = s->peer->devices[pidx];
-            auto ep = get_endpoint(nic, *s->peer, pd.name, &pd);
+            auto ep = get_endpoint(nic, *s->route, pidx);
             uint32_t lkey = 0;
             {
                 std::lock_guard<std::mutex> g(reg_mu_);
@@ -954,14 +1029,15 @@ void RdmaTransport::retry_slice(Slice *s, const std::string &why, bool blame, bo
         // 6.6: pause at once when another rail can carry the slice, else
         // after RailPolicy::error_threshold errors in the window.
         bool alt = false;
-        size_t nl = s->plan->stripe.size() + s->plan->fallback.size();
+        size_t nl = plan_size(*s->plan), np = plan_size(*s->peer_plan);
+        size_t cur_peer = s->peer_idx();
         for (size_t lp = 0; lp < nl && !alt; ++lp) {
             size_t l = local_at(*s->plan, lp);
             if (!ctxs_[l]->usable.load()) continue;
-            for (size_t pp = 0; pp < s->peer_nics->size() && !alt; ++pp) {
-                if (l == nic && pp == s->peer_pos % s->peer_nics->size()) continue;
-                const std::string &dev = s->peer->devices[(*s->peer_nics)[pp]].name;
-                alt = !rails_.is_paused(rail_key(l, make_nic_path(s->peer->name, dev)));
+            for (size_t pp = 0; pp < np && !alt; ++pp) {
+                size_t pidx = nic_at(*s->peer_plan, pp);
+                if (l == nic && pidx == cur_peer) continue;
+                alt = !rail_paused(l, *s->route, pidx);
             }
         }
         std::string rail = rail_key(nic, peer_path_of(*s));
@@ -1033,6 +1109,7 @@ void RdmaTransport::expire_slices() {
         s->ep.reset();
         z->item.reset();
         z->peer.reset();
+        z->route.reset();
         z->ep.reset();
         std::string why = "RDMA " + std::string(s->opcode == 0 ? "READ" : "WRITE") + " of " +
                           std::to_string(s->len) + " bytes on NIC " + c.name + " to " + peer_path_of(*s) +
@@ -1120,6 +1197,55 @@ void RdmaTransport::expire_ack_waits() {
     }
 }
 
+bool RdmaTransport::refresh_port(size_t nic) {
+    const auto &api = lib_->api();
+    RdmaContext &c = *ctxs_[nic];
+    uint8_t port_num = static_cast<uint8_t>(cfg_.ib_port);
+    ibv::port_attr port{};
+    int rc = lib_->query_port(c.ctx, port_num, &port);
+    if (rc != 0 || port.state != ibv::IBV_PORT_ACTIVE) {
+        MC_LOG(Warn, "RDMA " << c.name << ": port " << cfg_.ib_port << " not re-read ("
+                             << (rc ? std::strerror(rc) : "not ACTIVE") << "); address kept");
+        return false;
+    }
+    // The table as discovery reads it, so select_gid makes the same choice.
+    bool is_ib = c.link_layer == LinkLayer::IB;
+    std::string ibdev_path = c.ctx->device ? c.ctx->device->ibdev_path : "";
+    std::vector<GidEntry> table;
+    for (int i = 0; i < port.gid_tbl_len && i < 256; ++i) {
+        GidEntry e;
+        e.index = i;
+        ibv::gid g{};
+        if (api.query_gid(c.ctx, port_num, i, &g) != 0)
+            e.queryable = false;
+        else
+            e.gid = from_ibv_gid(g);
+        e.type = read_gid_type(ibdev_path, cfg_.ib_port, i, is_ib);
+        e.netdev = read_gid_netdev(ibdev_path, cfg_.ib_port, i);
+        table.push_back(e);
+    }
+    GidSelection sel;
+    try {
+        sel = select_gid(table, cfg_.gid_index, c.name, cfg_.ib_port);
+    } catch (const Error &e) {
+        MC_LOG(Warn, "RDMA " << c.name << ": no usable GID after the change (" << e.what() << "); address kept");
+        return false;
+    }
+    ibv::gid g = to_ibv_gid(sel.gid);
+    std::lock_guard<std::mutex> lk(c.addr_mu);
+    bool changed = c.gid_index != sel.index || std::memcmp(&c.gid, &g, sizeof g) != 0 ||
+                   c.lid != port.lid || c.active_mtu != port.active_mtu;
+    if (changed)
+        MC_LOG(Warn, "RDMA " << c.name << ": address now GID index " << sel.index << " "
+                             << format_gid(sel.gid) << ", LID " << port.lid);
+    c.gid_index = sel.index;
+    c.gid = g;
+    c.gid_text = format_gid(sel.gid);
+    c.lid = port.lid;
+    c.active_mtu = port.active_mtu;
+    return changed;
+}
+
 void RdmaTransport::events_loop() {
     const auto &api = lib_->api();
     std::vector<pollfd> fds;
@@ -1145,15 +1271,26 @@ void RdmaTransport::events_loop() {
             api.ack_async_event(&ev);
             RdmaContext &c = *ctxs_[i];
             MC_LOG(Warn, "RDMA async event on " << c.name << ": " << ibv::event_type_name(type));
+            // 6.6: the GID (or LID/MTU) may have moved; the descriptor built
+            // from it is fresh on the next read. Endpoints set up with the old
+            // address go, so the next post re-handshakes.
+            bool readdressed = (type == ibv::IBV_EVENT_GID_CHANGE || type == ibv::IBV_EVENT_PORT_ACTIVE) &&
+                               refresh_port(i);
             std::lock_guard<std::mutex> g(ep_mu_);
+            if (readdressed)
+                for (auto *m : {&active_, &passive_})
+                    for (auto &kv : *m)
+                        if (kv.second->nic == i) drop_endpoint(kv.second);
             if (type == ibv::IBV_EVENT_PORT_ERR || type == ibv::IBV_EVENT_DEVICE_FATAL) {
                 c.disabled_event.store(type);
                 c.usable.store(false);
+                usable_epoch_.fetch_add(1);
                 for (auto *m : {&active_, &passive_})
                     for (auto &kv : *m)
                         if (kv.second->nic == i) drop_endpoint(kv.second);
             } else if (type == ibv::IBV_EVENT_PORT_ACTIVE) {
                 c.usable.store(true);
+                usable_epoch_.fetch_add(1);
             } else if (q) {
                 for (auto *m : {&active_, &passive_})
                     for (auto &kv : *m)
@@ -1190,8 +1327,9 @@ Json RdmaTransport::topology_json() const {
         d.set("link_layer", link_layer_name(c->link_layer));
         d.set("numa_node", static_cast<int64_t>(c->numa_node));
         d.set("usable", c->usable.load());
-        d.set("gid", c->gid_text);
-        d.set("lid", static_cast<uint64_t>(c->lid));
+        PortAddress pa = c->address();
+        d.set("gid", pa.gid_text);
+        d.set("lid", static_cast<uint64_t>(pa.lid));
         devs.push(d);
     }
     j.set("devices", devs);

@@ -32,6 +32,15 @@
 
 namespace mcrs::rdma {
 
+// A port's addressing, which GID_CHANGE / PORT_ACTIVE may change.
+struct PortAddress {
+    uint32_t lid = 0;
+    int gid_index = -1;
+    ibv::gid gid{};
+    std::string gid_text;
+    int active_mtu = 0;
+};
+
 // One opened NIC.
 struct RdmaContext {
     std::string name;
@@ -50,6 +59,14 @@ struct RdmaContext {
     std::atomic<int> outstanding{0};     // WRs posted, completion not yet polled (<= CQ size)
     // Counters.
     std::atomic<uint64_t> wrs{0}, bytes{0}, errors{0}, retries{0};
+    // lid, gid_index, gid, gid_text and active_mtu: written by discovery
+    // (before any thread runs) and by refresh_port under addr_mu; read
+    // through address() once the threads run.
+    mutable std::mutex addr_mu;
+    PortAddress address() const {
+        std::lock_guard<std::mutex> g(addr_mu);
+        return PortAddress{lid, gid_index, gid, gid_text, active_mtu};
+    }
 };
 
 struct RdmaNicCounters {
@@ -111,7 +128,9 @@ public:
     Json handle_connection(const Json &request);
 
     // Posts `items` to `peer` (its descriptor). Items end complete/failed.
-    void submit(const SegmentDesc &peer, std::vector<TransferItem> &items);
+    // The descriptor object is the cache key of the peer's NIC plans: pass
+    // the same pointer while the descriptor is unchanged.
+    void submit(const std::shared_ptr<const SegmentDesc> &peer, std::vector<TransferItem> &items);
 
     std::vector<RdmaNicCounters> counters() const;
     // {"devices":[{name, link_layer, numa_node, usable, gid, lid}], "priority_matrix":{...}}
@@ -124,13 +143,20 @@ public:
 
     struct Endpoint;
     struct Slice;
+    struct PeerRoute;
 
 private:
     void discover();
+    // 6.6: re-queries the port of NIC `nic` (lid, active_mtu) and re-selects
+    // its GID (MC_GID_INDEX honoured). Returns whether the address changed;
+    // false (logged) when the port cannot be queried or has no usable GID.
+    bool refresh_port(size_t nic);
     void poller_loop();
     void events_loop();
-    std::shared_ptr<Endpoint> get_endpoint(size_t nic, const SegmentDesc &peer,
-                                           const std::string &peer_dev, const DeviceDesc *pdev);
+    std::shared_ptr<Endpoint> get_endpoint(size_t nic, const PeerRoute &route, size_t peer_idx);
+    // The cached plans for `peer` (rebuilt when the descriptor object or
+    // the set of usable local NICs changed).
+    std::shared_ptr<PeerRoute> route_for(const std::shared_ptr<const SegmentDesc> &peer);
     std::shared_ptr<Endpoint> create_qps(size_t nic);
     void connect_qps(Endpoint &ep, const std::vector<uint32_t> &peer_qpn, const ibv::gid &peer_gid,
                      uint32_t peer_lid);
@@ -151,6 +177,9 @@ private:
     void expire_ack_waits();
     std::string rail_key(size_t nic, const std::string &peer_path) const;
     std::string peer_path_of(const Slice &s) const;
+    // Whether the rail (local NIC, peer devices[] index) of `route` is
+    // paused; allocates nothing while no rail is paused.
+    bool rail_paused(size_t nic, const PeerRoute &route, size_t peer_idx) const;
     // Fills gid/lid of `nic_path` from its segment's published devices[];
     // returns "" or why it could not.
     std::string lookup_requester_gid(const std::string &nic_path, std::string &gid, uint32_t &lid);
@@ -181,6 +210,10 @@ private:
     std::mutex connect_mu_;   // serializes active handshakes
     std::mutex passive_mu_;   // serializes passive handshakes
     std::atomic<size_t> next_rr_{0};
+    // Bumped after any NIC's usable flag changes: cached routes go stale.
+    std::atomic<uint64_t> usable_epoch_{0};
+    std::mutex routes_mu_;
+    std::map<std::string, std::shared_ptr<PeerRoute>> routes_;  // by peer segment name
     std::mutex pending_mu_;
     std::vector<Slice *> pending_;  // parked by the poller (queues full)
     RailMonitor rails_;

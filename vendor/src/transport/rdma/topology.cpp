@@ -283,20 +283,27 @@ PeerTopology PeerTopology::from_descriptor(const Json &priority_matrix,
     return p;
 }
 
+TopologyEntry PeerTopology::entry_for(const std::string &location) const {
+    const auto &entries = topo_.entries();
+    auto it = entries.find(location);
+    if (it == entries.end()) it = entries.find("*");
+    if (it != entries.end()) return it->second;
+    TopologyEntry e;
+    std::set<std::string> seen;
+    for (const auto &n : devices_)
+        if (seen.insert(n).second) e.preferred.push_back(n);
+    return e;
+}
+
+int PeerTopology::index_of(const std::string &name) const {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? -1 : it->second;
+}
+
 int PeerTopology::select(const std::string &location, int retry, uint64_t random,
                          const std::function<bool(int)> &paused) const {
     if (by_name_.empty()) return -1;
-    const auto &entries = topo_.entries();
-    TopologyEntry e;
-    auto it = entries.find(location);
-    if (it == entries.end()) it = entries.find("*");
-    if (it != entries.end()) {
-        e = it->second;
-    } else {
-        std::set<std::string> seen;
-        for (const auto &n : devices_)
-            if (seen.insert(n).second) e.preferred.push_back(n);
-    }
+    TopologyEntry e = entry_for(location);
     std::function<bool(const std::string &)> skip;
     if (paused) skip = [&](const std::string &n) { return paused(by_name_.at(n)); };
     auto name = pick_device(e, retry, random, skip);

@@ -161,6 +161,11 @@ public:
     // rails while an alternative exists.
     int select(const std::string &location, int retry, uint64_t random,
                const std::function<bool(int)> &paused = {}) const;
+    // The published entry for `location` (names): its own, else "*", else
+    // every devices[] name preferred (devices[] order).
+    TopologyEntry entry_for(const std::string &location) const;
+    // First index of `name` in devices[], -1 when absent.
+    int index_of(const std::string &name) const;
     size_t device_count() const { return devices_.size(); }
     const Topology &matrix() const { return topo_; }
 
