@@ -10,6 +10,8 @@
  * Keys (all optional):
  *   numa=N          NUMA node in the fake sysfs (-1 allowed; default 0)
  *   pci=D:B:S.F     PCI bus id (default 0000:XX:00.0, XX = 0x10 + index)
+ *   bridge=D:B:S.F  the function sits behind this (fake) bridge:
+ *                   devices/pci0000:00/<bridge>/<pci> (default: no bridge)
  *   gids=N          populated GID entries, 1..16 (default: ib 1, roce 2)
  *   netdev=NAME     netdev of every RoCE GID (default svethN, N = index)
  *   ipv4=A.B.C.D    address of the IPv4-mapped RoCE GIDs (default
@@ -27,7 +29,8 @@
  *
  * Fake sysfs: under $MC_SOFTVERBS_SYSFS (created if missing) or a fresh
  * mkdtemp directory, removed at process exit; same layout as /sys:
- *   devices/pci0000:00/<pci>/{numa_node,vendor,device}
+ *   devices/pci0000:00/[<bridge>/]<pci>/{numa_node,vendor,device}
+ *   (the paths below likewise gain the bridge component when one is set)
  *   devices/pci0000:00/<pci>/infiniband/<name>/device -> ../../../<pci>
  *   devices/pci0000:00/<pci>/infiniband/<name>/ports/1/{state,link_layer}
  *   devices/pci0000:00/<pci>/infiniband/<name>/ports/1/gid_attrs/types/<i>

@@ -71,11 +71,11 @@ bool valid_name(const std::string &n) {
 bool parse_key(DeviceSpec &d, const std::string &key, const std::string &val) {
     uint64_t u = 0;
     if (key == "numa") return parse_int(val, -1, 1023, d.numa);
-    if (key == "pci") {
+    if (key == "pci" || key == "bridge") {
         unsigned dom, bus, slot, fn;
         char tail;
         if (std::sscanf(val.c_str(), "%x:%x:%x.%x%c", &dom, &bus, &slot, &fn, &tail) != 4) return false;
-        d.pci = val;
+        (key == "pci" ? d.pci : d.bridge) = val;
         return true;
     }
     if (key == "gids") return parse_int(val, 1, kGidTableLen, d.gids);

@@ -13,6 +13,7 @@ struct DeviceSpec {
     bool roce = false;
     int numa = 0;
     std::string pci;      // e.g. 0000:10:00.0
+    std::string bridge;   // upstream port the function sits behind; "" = the root
     int gids = 0;         // populated GID entries
     std::string netdev;   // RoCE only
     uint32_t ipv4 = 0;    // host order, RoCE only

@@ -33,7 +33,11 @@ void copy_path(char *dst, const std::string &src) {
 }
 
 void build_device(const fs::path &root, Device &d) {
-    const fs::path pci_dir = root / "devices" / "pci0000:00" / d.spec.pci;
+    // Behind a bridge: devices/pci0000:00/<bridge>/<pci>, like a NIC behind
+    // a PCIe switch port (what the GPU-to-NIC PCI distance looks at).
+    const std::string rel_pci =
+        "devices/pci0000:00/" + (d.spec.bridge.empty() ? "" : d.spec.bridge + "/") + d.spec.pci;
+    const fs::path pci_dir = root / rel_pci;
     const fs::path ib_dir = pci_dir / "infiniband" / d.spec.name;
     const std::string uverbs = "uverbs" + std::to_string(d.index);
     const fs::path verbs_dir = pci_dir / "infiniband_verbs" / uverbs;
@@ -55,7 +59,6 @@ void build_device(const fs::path &root, Device &d) {
     fs::create_directories(root / "class" / "infiniband");
     fs::create_directories(root / "class" / "infiniband_verbs");
     fs::create_directories(root / "bus" / "pci" / "devices");
-    const std::string rel_pci = "devices/pci0000:00/" + d.spec.pci;
     fs::create_directory_symlink("../../" + rel_pci + "/infiniband/" + d.spec.name,
                                  root / "class" / "infiniband" / d.spec.name);
     fs::create_directory_symlink("../../" + rel_pci + "/infiniband_verbs/" + uverbs,

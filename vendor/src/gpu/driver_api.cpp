@@ -1,5 +1,5 @@
 // The few CUDA driver API calls the runtime API does not offer (allocation
-// ranges, DMA-BUF export, device attributes), resolved from libcuda.so.1 at
+// ranges, DMA-BUF export, device attributes, PCI bus ids), resolved from libcuda.so.1 at
 // run time, so nothing links against the driver library.
 #include <dlfcn.h>
 
@@ -22,6 +22,8 @@ struct Driver {
     CUresult (*init)(unsigned int) = nullptr;
     CUresult (*get_error_string)(CUresult, const char **) = nullptr;
     CUresult (*device_get)(CUdevice *, int) = nullptr;
+    CUresult (*device_get_count)(int *) = nullptr;
+    CUresult (*device_get_pci_bus_id)(char *, int, CUdevice) = nullptr;
     CUresult (*device_get_attribute)(int *, CUdevice_attribute, CUdevice) = nullptr;
     CUresult (*mem_get_address_range)(CUdeviceptr *, size_t *, CUdeviceptr) = nullptr;
     CUresult (*mem_get_handle_for_address_range)(void *, CUdeviceptr, size_t, CUmemRangeHandleType,
@@ -47,6 +49,8 @@ const Driver &driver() {
         std::string err;
         bool ok = sym(lib, "cuInit", d.init, err) && sym(lib, "cuGetErrorString", d.get_error_string, err) &&
                   sym(lib, "cuDeviceGet", d.device_get, err) &&
+                  sym(lib, "cuDeviceGetCount", d.device_get_count, err) &&
+                  sym(lib, "cuDeviceGetPCIBusId", d.device_get_pci_bus_id, err) &&
                   sym(lib, "cuDeviceGetAttribute", d.device_get_attribute, err) &&
                   sym(lib, "cuMemGetAddressRange_v2", d.mem_get_address_range, err) &&
                   sym(lib, "cuMemGetHandleForAddressRange", d.mem_get_handle_for_address_range, err);
@@ -87,6 +91,34 @@ bool allocation_range(const void *ptr, uint64_t &base, uint64_t &size, std::stri
     }
     base = static_cast<uint64_t>(b);
     size = sz;
+    return true;
+}
+
+bool driver_pci_bus_ids(std::vector<std::string> &out, std::string &err) {
+    out.clear();
+    const Driver &d = driver();
+    if (!d.loaded) {
+        err = d.error;
+        return false;
+    }
+    int n = 0;
+    CUresult r = d.device_get_count(&n);
+    if (r != CUDA_SUCCESS) {
+        err = "cuDeviceGetCount: " + cu_err(d, r);
+        return false;
+    }
+    for (int i = 0; i < n; ++i) {
+        CUdevice dev;
+        char buf[64] = {0};
+        r = d.device_get(&dev, i);
+        if (r == CUDA_SUCCESS) r = d.device_get_pci_bus_id(buf, static_cast<int>(sizeof buf - 1), dev);
+        if (r != CUDA_SUCCESS) {
+            err = "cuDeviceGetPCIBusId(" + std::to_string(i) + "): " + cu_err(d, r);
+            out.clear();
+            return false;
+        }
+        out.emplace_back(buf);
+    }
     return true;
 }
 
@@ -137,6 +169,11 @@ bool allocation_range(const void *, uint64_t &, uint64_t &, std::string &err) {
     return false;
 }
 bool dmabuf_supported(int) { return false; }
+bool driver_pci_bus_ids(std::vector<std::string> &out, std::string &err) {
+    out.clear();
+    err = status().reason;
+    return false;
+}
 void dmabuf_export(const void *, size_t, DmabufExport &) { require_usable("DMA-BUF export"); }
 
 #endif

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/socket.h"
 
@@ -92,6 +93,12 @@ struct DmabufExport {
 };
 void dmabuf_export(const void *ptr, size_t len, DmabufExport &out);
 bool dmabuf_supported(int device);
+
+// The PCI bus id of every GPU the CUDA driver shows this process, by
+// ordinal, as cuDeviceGetPCIBusId writes it ("0000:3B:00.0"). false with
+// `err` when libcuda.so.1 cannot be loaded or cuInit fails, and always in a
+// CPU build (which never initializes CUDA).
+bool driver_pci_bus_ids(std::vector<std::string> &out, std::string &err);
 
 }  // namespace gpu
 }  // namespace mcrs

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "gpu/gpu.h"
 #include "transport/rdma/gid.h"
+#include "transport/rdma/gpu_pci.h"
 #include "transport/rdma/gpu_reg_mode.h"
 #include "transport/rdma/handshake_desc.h"
 #include "transport/rdma/nic_choice.h"
@@ -325,7 +326,8 @@ void RdmaTransport::discover() {
             if (!have) nodes.push_back(c->numa_node);
         }
     try {
-        topo_ = Topology::discover(infos, nodes, {});
+        topo_ = Topology::discover(infos, nodes,
+                                   opt_.gpu_source ? opt_.gpu_source() : list_cuda_gpus(), "cuda");
         auto ov = load_topology_override(opt_.topology_json, cfg_.custom_topo_json);
         if (ov) {
             std::vector<std::string> known;

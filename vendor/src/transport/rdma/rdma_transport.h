@@ -101,6 +101,11 @@ struct RdmaTransportOptions {
     // installTransport's args[0]: a priority matrix (JSON text) that
     // replaces discovery and MC_CUSTOM_TOPO_JSON. "" = none.
     std::string topology_json;
+    // Test seam (C++ only): the GPUs whose "cuda:<ordinal>" entries
+    // discovery adds. Unset: list_cuda_gpus() (the CUDA driver's GPUs
+    // against /sys; none without libcuda.so.1 or in a CPU build). Tests
+    // return gpus_from_bus_ids(ids, roots) over softverbs' fake sysfs.
+    std::function<std::vector<GpuInfo>()> gpu_source;
 };
 
 class RdmaTransport {
