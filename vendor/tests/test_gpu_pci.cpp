@@ -2,22 +2,17 @@
 // "cuda:<ordinal>" entries against the runtime and the host's sysfs.
 #include <sys/stat.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "gpu/gpu.h"
+#include "gpu_lane.h"
 #include "test_util.h"
 #include "transport/rdma/gpu_pci.h"
 
 using namespace mcrs::rdma;
 
 TEST(gpu_pci_enumeration_matches_runtime) {
-    const char *want = std::getenv("MOONCAKE_GPU_TESTS");
-    if (!want || std::string(want) != "1") {
-        std::fprintf(stderr, "    SKIPPED gpu_pci_enumeration_matches_runtime: set MOONCAKE_GPU_TESTS=1 on a "
-                             "machine with a GPU\n");
-        return;
-    }
+    if (!mctest::gpu_lane("gpu_pci_enumeration_matches_runtime")) return;
     const mcrs::gpu::Status &st = mcrs::gpu::status();
     REQUIRE(st.usable);  // st.device_count is cudaGetDeviceCount's
     std::vector<GpuInfo> gpus = list_cuda_gpus();
