@@ -183,8 +183,8 @@ TEST(rdma_gpu_buffer_stripes_over_nic_near_its_gpu) {
     CHECK_EQ(entry_text(mine.priority_matrix, "cpu:1"), std::string(R"([["sv1"],["sv0"]])"));
     // Host memory stands in for GPU 1's (the location is what counts).
     a.register_region(reinterpret_cast<uint64_t>(src.data()), n, -1, true, "cuda:1");
-    mcrs::SegmentDesc peer = mcrs::decode_segment_desc(
-        mcrs::handshake_request(hp.host, hp.port, mcrs::kHsMetadata, mcrs::Json::object(), ho));
+    auto peer = std::make_shared<const mcrs::SegmentDesc>(mcrs::decode_segment_desc(
+        mcrs::handshake_request(hp.host, hp.port, mcrs::kHsMetadata, mcrs::Json::object(), ho)));
     for (const char *loc : {"cuda:1", "cuda:0"}) {
         if (std::string(loc) == "cuda:0") {
             a.deregister_region(reinterpret_cast<uint64_t>(src.data()));
