@@ -208,6 +208,31 @@ RdmaTransport::~RdmaTransport() {
     }
 }
 
+namespace {
+
+// A port's GID table with the sysfs facts select_gid ranks by (type,
+// netdev); discovery and the GID_CHANGE refresh read it the same way so
+// they make the same choice.
+std::vector<GidEntry> read_gid_table(const ibv::VerbsApi &api, ibv::context *ctx, int port_num, int table_len,
+                                     const std::string &ibdev_path, bool is_ib) {
+    std::vector<GidEntry> table;
+    for (int i = 0; i < table_len && i < 256; ++i) {
+        GidEntry e;
+        e.index = i;
+        ibv::gid g{};
+        if (api.query_gid(ctx, static_cast<uint8_t>(port_num), i, &g) != 0)
+            e.queryable = false;
+        else
+            e.gid = from_ibv_gid(g);
+        e.type = read_gid_type(ibdev_path, port_num, i, is_ib);
+        e.netdev = read_gid_netdev(ibdev_path, port_num, i);
+        table.push_back(e);
+    }
+    return table;
+}
+
+}  // namespace
+
 void RdmaTransport::discover() {
     const auto &api = lib_->api();
     int n = 0;
@@ -270,20 +295,8 @@ void RdmaTransport::discover() {
         c->link_layer = is_ib ? LinkLayer::IB : LinkLayer::RoCE;
         c->lid = port.lid;
         c->active_mtu = port.active_mtu;
-        std::vector<GidEntry> table;
-        for (int i = 0; i < port.gid_tbl_len && i < 256; ++i) {
-            GidEntry e;
-            e.index = i;
-            ibv::gid g{};
-            if (api.query_gid(c->ctx, static_cast<uint8_t>(cfg_.ib_port), i, &g) != 0) {
-                e.queryable = false;
-            } else {
-                e.gid = from_ibv_gid(g);
-            }
-            e.type = read_gid_type(ibdev_path, cfg_.ib_port, i, is_ib);
-            e.netdev = read_gid_netdev(ibdev_path, cfg_.ib_port, i);
-            table.push_back(e);
-        }
+        std::vector<GidEntry> table =
+            read_gid_table(api, c->ctx, cfg_.ib_port, port.gid_tbl_len, ibdev_path, is_ib);
         try {
             GidSelection sel = select_gid(table, cfg_.gid_index, name, cfg_.ib_port);
             c->gid_index = sel.index;
@@ -1213,19 +1226,7 @@ bool RdmaTransport::refresh_port(size_t nic) {
     // The table as discovery reads it, so select_gid makes the same choice.
     bool is_ib = c.link_layer == LinkLayer::IB;
     std::string ibdev_path = c.ctx->device ? c.ctx->device->ibdev_path : "";
-    std::vector<GidEntry> table;
-    for (int i = 0; i < port.gid_tbl_len && i < 256; ++i) {
-        GidEntry e;
-        e.index = i;
-        ibv::gid g{};
-        if (api.query_gid(c.ctx, port_num, i, &g) != 0)
-            e.queryable = false;
-        else
-            e.gid = from_ibv_gid(g);
-        e.type = read_gid_type(ibdev_path, cfg_.ib_port, i, is_ib);
-        e.netdev = read_gid_netdev(ibdev_path, cfg_.ib_port, i);
-        table.push_back(e);
-    }
+    std::vector<GidEntry> table = read_gid_table(api, c.ctx, cfg_.ib_port, port.gid_tbl_len, ibdev_path, is_ib);
     GidSelection sel;
     try {
         sel = select_gid(table, cfg_.gid_index, c.name, cfg_.ib_port);
