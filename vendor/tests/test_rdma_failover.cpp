@@ -23,7 +23,7 @@ namespace ibv = mcrs::ibv;
 
 TEST(rdma_rail_paused_after_remote_fault_then_resumed) {
     svtest::configure("sv0:roce,sv1:roce,sv2:roce,sv3:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard pause("MC_RDMA_RAIL_PAUSE_SECONDS", "1");
     const size_t n = 1u << 20;
     std::vector<char> a(n), dst(n);
@@ -63,7 +63,7 @@ TEST(rdma_rail_paused_after_remote_fault_then_resumed) {
 
 TEST(rdma_local_fault_moves_nic_without_pausing_rail) {
     svtest::configure("sv0:roce,sv1:roce,sv2:roce,sv3:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     const size_t n = 1u << 20;
     std::vector<char> a(n), dst(n);
     mctest::fill_random(a, 71);
@@ -91,7 +91,7 @@ TEST(rdma_local_fault_moves_nic_without_pausing_rail) {
 
 TEST(rdma_slice_timeout_lost_completion_is_retried) {
     svtest::configure("sv0:roce,sv1:roce,sv2:roce,sv3:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard to("MC_SLICE_TIMEOUT", "1");
     const size_t n = 256u << 10;
     std::vector<char> a(n), dst(n);
@@ -116,7 +116,7 @@ TEST(rdma_slice_timeout_lost_completion_is_retried) {
 
 TEST(rdma_slice_timeout_fails_naming_nic_and_limit) {
     svtest::configure("sv0:roce,sv2:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard to("MC_SLICE_TIMEOUT", "1");
     EnvGuard retry("MC_RETRY_CNT", "2");
     const size_t n = 64u << 10;

@@ -72,7 +72,7 @@ RdmaTransportOptions opts(std::vector<std::string> allow) {
     RdmaTransportOptions o;
     o.server_name = "127.0.0.1:1";
     o.allow = std::move(allow);
-    o.verbs_library = MC_SOFTVERBS_PATH;
+    o.verbs_library = svtest::softverbs_path();
     return o;
 }
 
@@ -157,7 +157,7 @@ TEST(rdma_gpu_entries_prefer_nic_nearest_on_pci) {
 
 TEST(rdma_gpu_buffer_stripes_over_nic_near_its_gpu) {
     configure_two_branches(1);
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard topo("MC_CUSTOM_TOPO_JSON", nullptr);
     // The peer: a whole engine on sv2/sv3.
     mcrs::TransferEngine b(rdma_cfg({"sv2", "sv3"}));

@@ -37,7 +37,7 @@ RdmaTransportOptions direct_opts(const std::string &server, const std::string &n
     RdmaTransportOptions o;
     o.server_name = server;
     o.allow = {nic};
-    o.verbs_library = MC_SOFTVERBS_PATH;
+    o.verbs_library = svtest::softverbs_path();
     return o;
 }
 
@@ -76,7 +76,7 @@ TEST(rdma_ready_ack_timeout_passive_tears_down) {
 
 TEST(rdma_ready_ack_timeout_active_unresponsive_peer) {
     svtest::configure("sv0:roce,sv2:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard retry("MC_RETRY_CNT", "2");
     std::string err;
     uint16_t port = 0;
@@ -135,7 +135,7 @@ TEST(rdma_ready_ack_timeout_active_unresponsive_peer) {
 
 TEST(rdma_passive_gid_from_requester_descriptor) {
     svtest::configure("sv0:roce,sv2:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     mcrs::TransferEngine a(rdma_cfg({"sv0"}));  // the requester: publishes sv0's GID
     mcrs::TransferEngine b(rdma_cfg({"sv2"}));
     std::vector<char> src(4096), dst(4096);

@@ -155,7 +155,7 @@ TEST(rdma_nic_choice_peer_plan_follows_published_matrix) {
 
 TEST(rdma_local_nics_follow_buffer_numa) {
     svtest::configure("sv0:roce:numa=0,sv1:roce:numa=1,sv2:roce:numa=0,sv3:roce:numa=1");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard topo("MC_CUSTOM_TOPO_JSON", nullptr);
     const size_t n = 1u << 20;
     std::vector<char> a0(n), a1(n), dst(n);
@@ -206,7 +206,7 @@ TEST(rdma_local_nics_follow_buffer_numa) {
 
 TEST(rdma_local_nics_from_custom_topology_file) {
     svtest::configure("sv0:roce:numa=0,sv1:roce:numa=1,sv2:roce:numa=0,sv3:roce:numa=1");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     const size_t n = 1u << 20;
     std::vector<char> a(n), dst(n);
     mctest::fill_random(a, 41);
@@ -231,7 +231,7 @@ TEST(rdma_local_nics_from_custom_topology_file) {
 
 TEST(rdma_install_transport_with_topology_arg) {
     svtest::configure("sv0:roce:numa=0,sv1:roce:numa=1,sv2:roce:numa=0,sv3:roce:numa=1");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard topo("MC_CUSTOM_TOPO_JSON", nullptr);
     const char *matrix = R"({"cpu:0":[["sv1"],["sv0"]],"cpu:1":[["sv0"],["sv1"]]})";
     {
@@ -294,7 +294,7 @@ TEST(rdma_install_transport_with_topology_arg) {
 // slices to the peer's other NIC.
 TEST(rdma_peer_nics_follow_target_buffer_location) {
     svtest::configure("sv0:roce:numa=0,sv1:roce:numa=1,sv2:roce:numa=0,sv3:roce:numa=1");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard topo("MC_CUSTOM_TOPO_JSON", nullptr);
     EnvGuard pause("MC_RDMA_RAIL_PAUSE_SECONDS", "30");
     const size_t n = 1u << 20;

@@ -56,7 +56,7 @@ std::set<std::string> matrix_names(const mcrs::Json &m) {
 
 TEST(rdma_port_events_refresh_published_topology) {
     svtest::configure("sv0:roce:numa=0,sv1:roce:numa=1,sv2:roce:numa=0");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard topo("MC_CUSTOM_TOPO_JSON", nullptr);
     const size_t n = 1u << 20;
     std::vector<char> buf(n), back(n);
@@ -118,7 +118,7 @@ std::string published_gid(mcrs::TransferEngine &e, const std::string &nic) {
 // re-handshake and still move verified data.
 TEST(rdma_gid_change_republishes_and_reconnects) {
     svtest::configure("sv0:roce:numa=0,sv1:roce:numa=0");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard topo("MC_CUSTOM_TOPO_JSON", nullptr);
     EnvGuard gidx("MC_GID_INDEX", nullptr);
     const size_t n = 1u << 20;

@@ -60,7 +60,7 @@ TEST(rdma_missing_library_is_a_clear_error) {
 
 TEST(rdma_write_read_many_sizes_striped) {
     svtest::configure("sv0:roce:numa=0,sv1:roce:numa=0,sv2:roce:numa=0,sv3:roce:numa=0");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard slice("MC_SLICE_SIZE", "65536");
     Pair p = make_pair_engines({"sv0", "sv1"}, {"sv2", "sv3"});
     REQUIRE(p.a->rdma() != nullptr);
@@ -110,7 +110,7 @@ TEST(rdma_write_read_many_sizes_striped) {
 
 TEST(rdma_descriptor_upstream_shape_round_trip) {
     svtest::configure("sv0:ib,sv1:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     TransferEngine e(rdma_cfg({}, mcrs::kProtoRdma | mcrs::kProtoTcp));
     std::vector<char> buf(4096);
     e.register_memory(buf.data(), buf.size(), "cpu:0", true);
@@ -148,7 +148,7 @@ TEST(rdma_descriptor_upstream_shape_round_trip) {
 
 TEST(rdma_filters_leave_nothing_clear_error) {
     svtest::configure("sv0:roce,sv1:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     {
         bool threw = false;
         try {
@@ -179,7 +179,7 @@ TEST(rdma_filters_leave_nothing_clear_error) {
 
 TEST(rdma_link_layer_agreement) {
     svtest::configure("sv0:ib,sv1:roce,sv2:ib,sv3:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     std::vector<char> a(1 << 20), b(1 << 20);
     mctest::fill_random(a, 3);
     {
@@ -214,7 +214,7 @@ TEST(rdma_link_layer_agreement) {
 
 TEST(rdma_faults_retry_or_fail_cleanly) {
     svtest::configure("sv0:roce,sv1:roce,sv2:roce,sv3:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard retry("MC_RETRY_CNT", "3");
     std::vector<char> a(1 << 20), b(1 << 20);
     Pair p = make_pair_engines({"sv0", "sv1"}, {"sv2", "sv3"});
@@ -255,7 +255,7 @@ TEST(rdma_faults_retry_or_fail_cleanly) {
 
 TEST(rdma_registration_efault_message) {
     svtest::configure("sv0:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     TransferEngine e(rdma_cfg({}));
     std::vector<char> buf(8192);
     REQUIRE_EQ(svtest::sv().add_efault_range(reinterpret_cast<uint64_t>(buf.data()), 1), 0);
@@ -278,7 +278,7 @@ TEST(rdma_backpressure_small_queues) {
     // 2048 slices through send queues of 16 WRs: the submitter waits for
     // free slots instead of overrunning the QPs or the CQ.
     svtest::configure("sv0:roce,sv1:roce,sv2:roce,sv3:roce");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     EnvGuard slice("MC_SLICE_SIZE", "4096");
     EnvGuard wr("MC_MAX_WR", "16");
     EnvGuard cqe("MC_MAX_CQE_PER_CTX", "64");
@@ -300,7 +300,7 @@ TEST(rdma_backpressure_small_queues) {
 
 TEST(rdma_c_api_install_topology_counters) {
     svtest::configure("sv0:ib:numa=0,sv1:roce:numa=1");
-    EnvGuard lib("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+    EnvGuard lib("MC_VERBS_LIBRARY", svtest::softverbs_path());
     transfer_engine_t e = mctest::make_engine();
     REQUIRE(e != nullptr);
     char buf[4096];

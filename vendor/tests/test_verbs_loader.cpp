@@ -58,9 +58,9 @@ TEST(verbs_loader_resolves_path) {
         CHECK_EQ(ibv::VerbsLibrary::resolve_path("/explicit.so"), std::string("/explicit.so"));
     }
     {
-        EnvGuard g("MC_VERBS_LIBRARY", MC_SOFTVERBS_PATH);
+        EnvGuard g("MC_VERBS_LIBRARY", svtest::softverbs_path());
         const ibv::VerbsLibrary &lib = ibv::VerbsLibrary::load();
-        CHECK_EQ(lib.path(), std::string(MC_SOFTVERBS_PATH));
+        CHECK_EQ(lib.path(), std::string(svtest::softverbs_path()));
     }
 }
 
@@ -91,7 +91,7 @@ TEST(verbs_loader_loads_once_per_path_from_many_threads) {
     std::vector<const ibv::VerbsLibrary *> seen(8, nullptr);
     std::vector<std::thread> threads;
     for (size_t i = 0; i < seen.size(); ++i)
-        threads.emplace_back([&seen, i] { seen[i] = &ibv::VerbsLibrary::load(MC_SOFTVERBS_PATH); });
+        threads.emplace_back([&seen, i] { seen[i] = &ibv::VerbsLibrary::load(svtest::softverbs_path()); });
     for (auto &t : threads) t.join();
     for (const auto *p : seen) CHECK(p == seen[0]);
     CHECK(seen[0] == sv().lib);
