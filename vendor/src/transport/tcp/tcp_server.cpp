@@ -11,7 +11,6 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "gpu/gpu.h"
-#include "transport/tcp/cma.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace mcrs {
@@ -92,10 +91,7 @@ constexpr size_t kMaxOutBytes = size_t(4) << 20;  // flushed at this size
 
 std::string describe_request(const TcpHeader &h) {
     std::ostringstream s;
-    const char *op = h.opcode == kTcpOpCmaRead    ? "same-host READ"
-                     : h.opcode == kTcpOpCmaWrite ? "same-host WRITE"
-                     : tcp_is_write(h.opcode)     ? "WRITE"
-                                                  : "READ";
+    const char *op = tcp_is_write(h.opcode) ? "WRITE" : "READ";
     s << op << " of " << h.size << " bytes at 0x" << std::hex << h.addr;
     return s.str();
 }
@@ -255,37 +251,6 @@ public:
         return io.ok();
     }
 
-    // Same-host session state.
-    enum class Cma { None, Challenged, Verified, Refused };
-    Cma cma = Cma::None;
-    pid_t peer_pid = 0;
-    uint64_t proof_slot = 0;
-    unsigned char nonce[kCmaNonceLen] = {};
-    std::chrono::steady_clock::time_point checked_at{};
-
-    // Whether process `peer_pid` holds the nonce in its slot; 0 or an errno
-    // in `err` (ENOENT for a mismatch).
-    bool holds_nonce(int &err) {
-        unsigned char got[kCmaNonceLen];
-        err = cma_read(peer_pid, proof_slot, got, sizeof got);
-        if (err == 0 && std::memcmp(got, nonce, sizeof got) != 0) err = ENOENT;
-        if (err == 0) checked_at = std::chrono::steady_clock::now();
-        return err == 0;
-    }
-    // Re-checks a verified session at most once per millisecond: a peer
-    // that exec'd, or a pid taken over by another process after the peer
-    // died, no longer holds the nonce, and nothing is copied for it.
-    bool still_verified() {
-        if (cma != Cma::Verified) return false;
-        if (std::chrono::steady_clock::now() - checked_at < std::chrono::milliseconds(1)) return true;
-        int e = 0;
-        if (holds_nonce(e)) return true;
-        MC_LOG(Warn, "TCP server: same-host peer " << peer_pid << " no longer proves itself ("
-                                                   << errno_string(e) << "); closing");
-        cma = Cma::Refused;
-        return false;
-    }
-
 private:
     IoResult failed(int e, size_t done) {
         IoResult r;
@@ -331,72 +296,6 @@ void TcpServer::serve(Session *s) {
             break;
         }
         TcpHeader h = decode_tcp_header(c.head());
-
-        if (tcp_is_cma(h.opcode)) {
-            if (h.opcode == kTcpOpCmaHello) {
-                if (c.fill(kTcpHeaderLen + kCmaHelloBodyLen) != Got::Ok) break;
-                const unsigned char *b = c.head() + kTcpHeaderLen;
-                c.peer_pid = static_cast<pid_t>(get_le64(b));
-                c.proof_slot = get_le64(b + 8);
-                c.consume(kTcpHeaderLen + kCmaHelloBodyLen);
-                if (!opt_.enable_same_host || c.cma != Conn::Cma::None || c.peer_pid <= 0 ||
-                    !random_bytes(c.nonce, sizeof c.nonce)) {
-                    c.cma = Conn::Cma::Refused;
-                    if (!c.add_status(kTcpStatusCmaRefused)) break;
-                    continue;
-                }
-                c.cma = Conn::Cma::Challenged;
-                if (!c.add_status(kTcpStatusOk) || !c.add_data(c.nonce, sizeof c.nonce, RegionPin()))
-                    break;
-                continue;
-            }
-            if (h.opcode == kTcpOpCmaProof) {
-                c.consume(kTcpHeaderLen);
-                bool ok = false;
-                if (c.cma == Conn::Cma::Challenged) {
-                    int e = 0;
-                    ok = c.holds_nonce(e);
-                    if (!ok)
-                        MC_LOG(Info, "TCP server: same-host session refused: "
-                                         << (e != ENOENT ? "reading the peer's proof failed: " + errno_string(e)
-                                                         : std::string("the peer's proof does not match"))
-                                         << "; it goes on over TCP");
-                }
-                c.cma = ok ? Conn::Cma::Verified : Conn::Cma::Refused;
-                if (ok) MC_LOG(Debug, "TCP server: same-host session with pid " << c.peer_pid);
-                if (!c.add_status(ok ? kTcpStatusOk : kTcpStatusCmaRefused)) break;
-                continue;
-            }
-            if (c.fill(kCmaRequestLen) != Got::Ok) break;
-            uint64_t peer_addr = get_le64(c.head() + kTcpHeaderLen);
-            c.consume(kCmaRequestLen);
-            const bool verified = c.still_verified();
-            RegionPin pin = verified ? registry_.pin(h.addr, h.size, /*need_remote=*/true) : RegionPin();
-            if (!pin || pin.region()->device >= 0) {
-                rejected_.fetch_add(1);
-                MC_LOG(Warn, "TCP server: rejected " << describe_request(h)
-                                                     << (!verified ? ": the session is not verified"
-                                                                   : ": not inside one registered "
-                                                                     "remote-accessible host buffer"));
-                c.add_status(kTcpStatusRejected);
-                c.flush();
-                break;
-            }
-            served_.fetch_add(1, std::memory_order_relaxed);
-            char *mem = reinterpret_cast<char *>(h.addr);
-            int e = h.opcode == kTcpOpCmaRead
-                        ? cma_write(c.peer_pid, peer_addr, mem, static_cast<size_t>(h.size))
-                        : cma_read(c.peer_pid, peer_addr, mem, static_cast<size_t>(h.size));
-            pin.release();
-            if (e != 0) {
-                drop(h, "cross-process copy: " + errno_string(e));
-                if (!c.add_status(kTcpStatusCmaFailed)) break;
-                continue;
-            }
-            same_host_served_.fetch_add(1, std::memory_order_relaxed);
-            if (!c.add_status(kTcpStatusOk)) break;
-            continue;
-        }
 
         c.consume(kTcpHeaderLen);
         const bool v2 = tcp_is_v2(h.opcode);

@@ -9,8 +9,8 @@
 // sendmsg calls as it can (status frames and READ data gathered into one
 // iovec list, flushed before it would block on input or when it holds
 // kMaxOutBytes), so that small requests cost a fraction of a syscall each.
-// Same-host sessions (tcp_wire.h) copy by cross-memory attach instead of
-// sending payload.
+// The same-host path's opcodes are not served here: a TCP peer's words
+// prove nothing about who it is (see transport/samehost).
 #pragma once
 
 #include <atomic>
