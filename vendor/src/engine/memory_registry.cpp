@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/range.h"
 #include "common/log.h"
 
 namespace mcrs {
@@ -182,13 +183,12 @@ void MemoryRegistry::clear() {
 }
 
 RegionPin MemoryRegistry::pin(uint64_t addr, uint64_t len, bool need_remote) const {
-    if (len == 0 || addr + len < addr) return RegionPin();
     std::shared_lock<std::shared_mutex> g(mu_);
     auto it = by_addr_.upper_bound(addr);
     if (it == by_addr_.begin()) return RegionPin();
     --it;
     const auto &r = it->second;
-    if (addr + len > r->end()) return RegionPin();
+    if (!range_within(addr, len, r->addr, r->length)) return RegionPin();
     if (need_remote && !r->remote_accessible) return RegionPin();
     return RegionPin(r);
 }

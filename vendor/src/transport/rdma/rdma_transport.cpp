@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/range.h"
 #include "gpu/gpu.h"
 #include "transport/rdma/gid.h"
 #include "transport/rdma/gpu_pci.h"
@@ -376,8 +377,11 @@ void RdmaTransport::discover() {
 
 void RdmaTransport::register_region(uint64_t addr, uint64_t len, int device, bool remote,
                                     const std::string &location) {
-    int access = ibv::IBV_ACCESS_LOCAL_WRITE | ibv::IBV_ACCESS_REMOTE_WRITE |
-                 ibv::IBV_ACCESS_REMOTE_READ;
+    // Only remote-accessible buffers get remote access: the NIC itself then
+    // refuses a peer's READ or WRITE of a local-only buffer, even one that
+    // learned or guessed its key.
+    int access = ibv::IBV_ACCESS_LOCAL_WRITE;
+    if (remote) access |= ibv::IBV_ACCESS_REMOTE_WRITE | ibv::IBV_ACCESS_REMOTE_READ;
     if (lib_->supports_relaxed_ordering()) access |= ibv::IBV_ACCESS_RELAXED_ORDERING;
     Reg reg;
     reg.len = len;
@@ -857,8 +861,7 @@ void RdmaTransport::submit(const std::shared_ptr<const SegmentDesc> &peer,
             auto r = regs_.upper_bound(laddr);
             if (r != regs_.begin()) {
                 --r;
-                local_ok = laddr >= r->first && laddr - r->first <= r->second.len &&
-                           it.length <= r->second.len - (laddr - r->first);
+                local_ok = range_within(laddr, it.length, r->first, r->second.len);
                 location = r->second.location;
             }
         }
@@ -871,8 +874,7 @@ void RdmaTransport::submit(const std::shared_ptr<const SegmentDesc> &peer,
         size_t pb = peer->buffers.size();
         for (size_t b = 0; b < peer->buffers.size(); ++b) {
             const BufferDesc &bd = peer->buffers[b];
-            if (it.remote_addr >= bd.addr && it.remote_addr - bd.addr <= bd.length &&
-                it.length <= bd.length - (it.remote_addr - bd.addr)) {
+            if (range_within(it.remote_addr, it.length, bd.addr, bd.length)) {
                 pb = b;
                 break;
             }
