@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/config.h"
+#include "engine/transfer_engine.h"
 #include "engine_fixture.h"
 #include "gpu/gpu.h"
 #include "gpu_lane.h"
@@ -334,6 +336,38 @@ TEST(gpu_two_gpus_within_one_engine) {
         if (sz < max) CHECK_EQ(g0.download(sz, 1)[0], static_cast<char>(0x66));
     }
     destroyTransferEngine(e);
+}
+
+// A CUDA IPC handle maps the whole allocation in the peer, so only a buffer
+// that is a whole allocation gets one; a part of an allocation stays behind
+// the owner's range check (TCP).
+TEST(gpu_ipc_handle_only_for_whole_allocations) {
+    if (!gpu_lane("gpu_ipc_handle_only_for_whole_allocations")) return;
+    mcrs::EngineConfig cfg = mcrs::EngineConfig::from_env();
+    cfg.local_server_name = "127.0.0.1";
+    cfg.bind_address = "127.0.0.1";
+    mcrs::TransferEngine e(cfg);
+    const size_t kLen = 4u << 20;
+    DeviceBuf whole(kLen, 0), parted(kLen, 0);
+    e.register_memory(whole.ptr, kLen, "*", true);
+    e.register_memory(static_cast<char *>(parted.ptr) + 65536, kLen / 2, "*", true);
+    int32_t seg = e.open_segment(e.segment_name(), true);
+    auto d = e.segment_desc(seg);
+    REQUIRE(d != nullptr);
+    int seen = 0;
+    for (const auto &b : d->buffers) {
+        if (b.addr == reinterpret_cast<uint64_t>(whole.ptr)) {
+            CHECK(!b.cuda_ipc.empty());
+            ++seen;
+        }
+        if (b.addr == reinterpret_cast<uint64_t>(parted.ptr) + 65536) {
+            CHECK(b.cuda_ipc.empty());
+            ++seen;
+        }
+    }
+    CHECK_EQ(seen, 2);
+    e.unregister_memory(whole.ptr);
+    e.unregister_memory(static_cast<char *>(parted.ptr) + 65536);
 }
 
 TEST(gpu_dmabuf_export) {

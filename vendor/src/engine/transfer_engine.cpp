@@ -293,7 +293,16 @@ void TransferEngine::describe_region(RegionInfo &r) const {
         throw Error(kErrInvalidArgument, "GPU range [" + hex(r.addr) + ", " + hex(r.addr + r.length) +
                                              ") runs past the end of its allocation [" + hex(base) + ", " +
                                              hex(base + size) + ")");
-    if (cfg_.enable_cuda_ipc && r.remote_accessible) {
+    // A CUDA IPC handle opens the whole allocation in the peer, not just
+    // this buffer, and the peer's copies never pass our range check. So a
+    // handle is published only for a buffer that is its whole allocation;
+    // other GPU buffers are served over TCP, range-checked by us.
+    if (cfg_.enable_cuda_ipc && r.remote_accessible && (r.addr != base || r.length != size)) {
+        MC_LOG(Info, "no CUDA IPC handle for GPU buffer " << hex(r.addr) << "+" << r.length
+                         << ": a handle would expose its whole allocation [" << hex(base) << ", "
+                         << hex(base + size) << "); register the whole allocation to use CUDA IPC. "
+                         << "Peers on this host use TCP for it");
+    } else if (cfg_.enable_cuda_ipc && r.remote_accessible) {
         gpu::IpcExport x;
         std::string err;
         if (gpu::ipc_export(reinterpret_cast<void *>(r.addr), x, err)) {
