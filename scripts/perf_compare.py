@@ -9,6 +9,9 @@ Configurations (each repeated --runs times, interleaved, median kept):
   same-host path (ours -> ours, default settings), READ and WRITE
   4 KiB READ request rates on one connection and on four (TCP)
   iperf3, one stream over loopback (if installed)
+  with --baseline BIN: the same ours/ours TCP and same-host cases with an
+    older build of our bench (perf-compare.sh --baseline-rev REV builds
+    one), interleaved with the current build, for a before/after table
 
 Started by scripts/perf-compare.sh, which installs what this needs.
 Every number in the output comes from this one invocation.
@@ -166,6 +169,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch_size", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="64 KiB READ/WRITE only, for tuning")
+    ap.add_argument("--baseline", help="an older build of our transfer_engine_bench, for a before/after table")
+    ap.add_argument("--baseline-label", default="baseline", help="what to call it in the table")
     args = ap.parse_args()
 
     ours, up = find_ours(), find_upstream()
@@ -176,6 +181,10 @@ def main():
 
     workdir = tempfile.mkdtemp(prefix="mc-perf-")
     bins = {"ours": ours, "up": up}
+    if args.baseline:
+        if not os.path.exists(args.baseline):
+            sys.exit(f"--baseline {args.baseline}: no such file")
+        bins["base"] = args.baseline
     blocks = [64 * KIB] if args.quick else [64 * KIB, MIB]
     cases = []  # (key, target, initiator, op, block, extra, env)
     for block in blocks:
@@ -185,6 +194,9 @@ def main():
             cases.append((("tcp", op, block, "ours->up"), "up", "ours", op, block, [], {}))
             cases.append((("tcp", op, block, "up->ours"), "ours", "up", op, block, [], {}))
             cases.append((("same", op, block, "ours/ours"), "ours", "ours", op, block, [], {}))
+            if args.baseline:
+                cases.append((("tcp", op, block, "base/base"), "base", "base", op, block, ["--same_host=off"], {}))
+                cases.append((("same", op, block, "base/base"), "base", "base", op, block, [], {}))
     if not args.quick:
         for lanes in (1, 4):
             cases.append((("rate", "read", 4 * KIB, f"up/up lanes={lanes}"), "up", "up", "read", 4 * KIB, [],
@@ -200,7 +212,7 @@ def main():
     failures = []
     targets = {}
     try:
-        for kind in ("ours", "up"):
+        for kind in bins:
             targets[kind] = Target(kind, bins[kind], workdir)
         for rep in range(args.runs):
             for key, tgt, ini, op, block, extra, env in cases:
@@ -286,6 +298,27 @@ def main():
             print(f"| {op.upper()} | {label} | {fmt(sh)} | {fmt(r)}× | {fmt(ratio(sh, oo))}× |")
             if block == MIB:
                 checks.append((f"same-host {op.upper()} 1 MiB ≥ 3× upstream TCP", r is not None and r >= 3.0, fmt(r) + "×"))
+                r5 = ratio(sh, oo)
+                checks.append((f"same-host {op.upper()} 1 MiB ≥ 5× ours TCP", r5 is not None and r5 >= 5.0,
+                               fmt(r5) + "×"))
+    if args.baseline:
+        print()
+        print(f"Before/after, same run: {args.baseline_label} = {args.baseline}, now = {ours}; GB/s")
+        print()
+        print("| path | op | block | before | now | now ÷ before |")
+        print("|---|---|---:|---:|---:|---:|")
+        for path in ("tcp", "same"):
+            for block in blocks:
+                for op in ("read", "write"):
+                    b, n = med((path, op, block, "base/base")), med((path, op, block, "ours/ours"))
+                    label = f"{block // KIB} KiB" if block < MIB else f"{block // MIB} MiB"
+                    r = ratio(n, b)
+                    name = "TCP" if path == "tcp" else "same-host"
+                    print(f"| {name} | {op.upper()} | {label} | {fmt(b)} | {fmt(n)} | {fmt(r)}× |")
+                    if path == "tcp":
+                        # Within 5%: the run-to-run spread of one cell on this class of machine.
+                        checks.append((f"TCP {op.upper()} {label}: now ≥ 95% of {args.baseline_label}",
+                                       r is not None and r >= 0.95, fmt(r) + "×"))
     if not args.quick:
         print()
         print("4 KiB READs, requests per second (TCP)")
