@@ -526,6 +526,8 @@ int run_cmd(const std::vector<std::string> &args, std::string *output = nullptr)
 void on_signal(int sig) {
     for (pid_t p : g_children)
         if (p > 0) ::kill(p, SIGKILL);
+    for (pid_t p : g_children)
+        if (p > 0) ::waitpid(p, nullptr, 0);
     for (auto &ns : g_ns_names) {
         if (!ns[0]) continue;
         pid_t p = ::fork();
