@@ -65,7 +65,7 @@ constexpr uint64_t kSmall = 8ull << 20;     // the lane that does not cross
 constexpr uint64_t kRecover = 32ull << 20;  // after the link is back
 constexpr const char *kAddrA = "10.231.0.1";  // initiator
 constexpr const char *kAddrB = "10.231.0.2";  // target
-constexpr const char *kRate = "800mbit";      // 256 MiB take ~2.7 s
+constexpr const char *kRate = "400mbit";      // 256 MiB would take ~5.4 s
 
 using Clock = std::chrono::steady_clock;
 
@@ -737,17 +737,21 @@ bool spawn(Child &k, int slot, const std::string &ns, const char *role,
     return true;
 }
 
-// Bytes sent by both veth ends so far (read in each namespace's sysfs).
-bool veth_tx(const World &w, uint64_t &total) {
-    total = 0;
-    for (int i = 0; i < 2; ++i) {
-        std::string out;
-        if (run_cmd({g_ip, "netns", "exec", w.ns[i], "cat",
-                     "/sys/class/net/" + w.dev[i] + "/statistics/tx_bytes"},
-                    &out) != 0)
-            return false;
-        total += std::strtoull(out.c_str(), nullptr, 10);
-    }
+// `ip -j link show` of one veth end, as JSON text.
+bool link_json(const World &w, int i, std::string &out) {
+    return run_cmd({g_ip, "-n", w.ns[i], "-s", "-j", "link", "show", "dev", w.dev[i]}, &out) == 0;
+}
+
+uint64_t json_u64(const std::string &js, const std::string &key_path) {
+    size_t at = js.find(key_path);
+    return at == std::string::npos ? 0 : std::strtoull(js.c_str() + at + key_path.size(), nullptr, 10);
+}
+
+// Bytes through the initiator's veth end so far, both directions.
+bool veth_bytes(const World &w, uint64_t &total) {
+    std::string js;
+    if (!link_json(w, 0, js) || js.find("\"stats64\"") == std::string::npos) return false;
+    total = json_u64(js, "\"rx\":{\"bytes\":") + json_u64(js, "\"tx\":{\"bytes\":");
     return true;
 }
 
@@ -756,9 +760,8 @@ bool wait_link_up(const World &w, std::string &why) {
     for (;;) {
         bool up = true;
         for (int i = 0; i < 2; ++i) {
-            std::string out;
-            run_cmd({g_ip, "netns", "exec", w.ns[i], "cat", "/sys/class/net/" + w.dev[i] + "/operstate"}, &out);
-            up = up && out == "up";
+            std::string js;
+            up = up && link_json(w, i, js) && js.find("\"operstate\":\"UP\"") != std::string::npos;
         }
         if (up) return true;
         if (ms_since(t0) > 10000) {
@@ -786,12 +789,12 @@ bool scenario(World &w, const char *op, int cut, uint64_t seed, std::string &why
                 w.dev[cut].c_str());
     if (!write) STEP(tgt.ask("fill " + std::to_string(seed) + " " + big, a, why));
     uint64_t base = 0, now = 0;
-    STEP(veth_tx(w, base) || (why = "cannot read the veth counters", false));
+    STEP(veth_bytes(w, base) || (why = "cannot read the veth counters", false));
     auto t_start = Clock::now();
     STEP(ini.ask(std::string("start ") + op + " " + std::to_string(seed), a, why));
     // Cut only once bytes are moving over the veth.
     for (;;) {
-        STEP(veth_tx(w, now) || (why = "cannot read the veth counters", false));
+        STEP(veth_bytes(w, now) || (why = "cannot read the veth counters", false));
         if (now - base >= kMovedBeforeCut) break;
         if (ms_since(t_start) > 20000) {
             why = "only " + std::to_string(now - base) + " bytes crossed the veth in 20 s";
@@ -815,7 +818,7 @@ bool scenario(World &w, const char *op, int cut, uint64_t seed, std::string &why
     STEP(ip_step({g_ip, "-n", w.ns[cut], "link", "set", "dev", w.dev[cut], "up"}, why) == Setup::Ok);
     STEP(wait_link_up(w, why));
     const std::string seed2 = std::to_string(seed + 1), len = std::to_string(kRecover);
-    STEP(veth_tx(w, base) || (why = "cannot read the veth counters", false));
+    STEP(veth_bytes(w, base) || (why = "cannot read the veth counters", false));
     if (write) {
         STEP(ini.ask("xfer W " + seed2 + " " + len, a, why));
         std::printf("   link up: WRITE of %" PRIu64 " MiB %s\n", kRecover >> 20, a.c_str());
@@ -827,7 +830,7 @@ bool scenario(World &w, const char *op, int cut, uint64_t seed, std::string &why
         STEP(ini.ask("xfer R " + seed2 + " " + len, a, why));
         std::printf("   link up: READ of %" PRIu64 " MiB verified, %s\n", kRecover >> 20, a.c_str());
     }
-    STEP(veth_tx(w, now) || (why = "cannot read the veth counters", false));
+    STEP(veth_bytes(w, now) || (why = "cannot read the veth counters", false));
     if (now - base < kRecover) {
         why = "only " + std::to_string(now - base) + " bytes crossed the veth for a " +
               std::to_string(kRecover) + "-byte transfer";
