@@ -3,7 +3,8 @@
 #  - Debian: libibverbs1 and libnuma1 (the upstream wheel imports them even
 #    for TCP), libibverbs-dev (`make -C vendor verbs-abi-check` compares our
 #    verbs declarations with its header), libclang-dev (the bindings
-#    freshness check runs bindgen);
+#    freshness check runs bindgen), iproute2 when `ip` is missing (the
+#    network-namespace test);
 #  - a Python venv at .venv-upstream with upstream Mooncake 0.3.13
 #    (mooncake-transfer-engine-non-cuda==0.3.13.post1), pyzmq and msgspec
 #    for interop tests;
@@ -27,6 +28,10 @@ APT_PKGS=(libibverbs1 libibverbs-dev libnuma1 libclang-dev)
 for pkg in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
+# `ip` and `tc` for the network-namespace test (make -C vendor netns-test).
+if [ "$UPSTREAM_ONLY" = 0 ] && ! command -v ip >/dev/null && [ ! -x /usr/sbin/ip ] && [ ! -x /sbin/ip ]; then
+  need_apt+=(iproute2)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-test-deps: installing ${need_apt[*]}"
   SUDO=""

@@ -26,6 +26,9 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 make -s -C vendor -j"$JOBS" test SA
 step "C++ engine tests under ThreadSanitizer"
 TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/vendor/tests/tsan.supp" make -s -C vendor -j"$JOBS" test SAN=thread
 
+step "multi-host: engines in two network namespaces, link cut mid-transfer"
+make -s -C vendor -j"$JOBS" netns-test
+
 export MOONCAKE_SYS_WERROR=1
 step "clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings

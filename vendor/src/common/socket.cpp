@@ -162,6 +162,15 @@ void set_io_timeouts(int fd, int recv_timeout_ms, int send_timeout_ms) {
     tv.tv_sec = send_timeout_ms / 1000;
     tv.tv_usec = (send_timeout_ms % 1000) * 1000;
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    // SO_SNDTIMEO bounds one send call's wait for buffer space, not how long
+    // the peer has acknowledged nothing: when a link dies, a call begun
+    // earlier still returns partial progress, and the kernel frees some
+    // buffer space when the carrier drops, so a sender noticed a dead link
+    // only after two or three timeouts. TCP_USER_TIMEOUT has the kernel
+    // abort the connection once sent data stays unacknowledged that long
+    // (ETIMEDOUT). Not a TCP socket: the call fails harmlessly.
+    unsigned int unacked_ms = static_cast<unsigned int>(send_timeout_ms);
+    ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &unacked_ms, sizeof unacked_ms);
 }
 
 void set_nodelay(int fd) {
