@@ -18,13 +18,16 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use super::error::{ConnectorError, ConnectorErrorCode};
-use super::protocol::{decode, encode, GroupBlocks, XferMetadata, XferResponse, XferStatus};
+use super::protocol::{
+    decode, encode, GroupBlocks, PullBounds, XferMetadata, XferResponse, XferStatus,
+};
 use super::regions::{
     align_regions, check_tp_sizes, request_descriptors, select_blocks, sender_plan, target_ranks,
     CopyPlan, Descriptor, KvLayout,
 };
 use super::stats::ConnectorStats;
 use super::worker::WorkerContext;
+use super::zmtp_guard::{serve_front, Limits};
 
 /// What the producer tells its engine about requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,20 +112,49 @@ impl Producer {
         ctx: Arc<WorkerContext>,
         events: mpsc::UnboundedSender<ProducerEvent>,
     ) -> Result<Self, ConnectorError> {
+        // The ROUTER listens on loopback only; peers reach it through the
+        // bounded relay on the public address (see `zmtp_guard`).
         let mut socket = zeromq::RouterSocket::new();
+        let private = socket.bind("tcp://127.0.0.1:0").await.map_err(|e| {
+            ConnectorError::new(
+                ConnectorErrorCode::SideChannel,
+                format!("cannot bind the side channel's loopback socket: {e}"),
+            )
+        })?;
+        let backend: std::net::SocketAddr = private
+            .to_string()
+            .trim_start_matches("tcp://")
+            .parse()
+            .map_err(|e| {
+                ConnectorError::new(
+                    ConnectorErrorCode::SideChannel,
+                    format!("side channel bound at {private}: {e}"),
+                )
+            })?;
         let host = &ctx.env.host_ip;
         let ep = if host.contains(':') {
-            format!("tcp://[{host}]:0")
+            format!("[{host}]:0")
         } else {
-            format!("tcp://{host}:0")
+            format!("{host}:0")
         };
-        let bound = socket.bind(&ep).await.map_err(|e| {
+        let listener = tokio::net::TcpListener::bind(&ep).await.map_err(|e| {
             ConnectorError::new(
                 ConnectorErrorCode::SideChannel,
                 format!("cannot bind the side channel at {ep}: {e}"),
             )
         })?;
-        let addr = bound.to_string();
+        let public = listener.local_addr().map_err(|e| {
+            ConnectorError::new(
+                ConnectorErrorCode::SideChannel,
+                format!("side channel: {e}"),
+            )
+        })?;
+        let addr = format!("tcp://{public}");
+        let limits = Limits {
+            max_message: ctx.env.side_channel_max_message,
+            idle: ctx.env.receive_timeout(),
+        };
+        let front = tokio::spawn(serve_front(listener, backend, limits));
         let num_workers = ctx.config.num_workers;
         let inner = Arc::new(Inner {
             stats: ctx.stats.clone(),
@@ -182,7 +214,7 @@ impl Producer {
         Ok(Self {
             inner,
             addr,
-            tasks: vec![serve, sweep],
+            tasks: vec![front, serve, sweep],
         })
     }
 
@@ -369,30 +401,51 @@ async fn handle_message(
     tx: zeromq::RouterSendHalf,
 ) {
     let mut reply = Reply { identity, tx };
-    let meta: XferMetadata = match decode("MooncakeXferMetadata", &payload) {
-        Ok(m) => m,
+    match vet_pull(&inner.ctx.layout, inner.ctx.spec.num_blocks, &payload) {
+        Ok((meta, plan)) => serve_pull(inner, meta, plan, reply).await,
         Err(e) => {
-            tracing::warn!(target: "mooncake_connector::producer", "{e}");
-            reply.send(&XferResponse::error(e.detail)).await;
-            return;
-        }
-    };
-    match plan_message(&inner.ctx.layout, &meta) {
-        Ok(plan) => serve_pull(inner, meta, plan, reply).await,
-        Err(e) => {
-            tracing::warn!(target: "mooncake_connector::producer", "refusing a pull from {}:{}: {}",
-                meta.remote_hostname, meta.remote_port, e.detail);
+            tracing::warn!(target: "mooncake_connector::producer", "refusing a pull: {}", e.detail);
             reply.send(&XferResponse::error(e.detail)).await;
         }
     }
 }
 
+/// Decodes a pull message, validates every field against this worker's
+/// layout (`num_blocks` per region) and plans it. Nothing here trusts a
+/// peer value: an Err is the reply, naming the field or the mismatch.
+pub fn vet_pull(
+    layout: &KvLayout,
+    num_blocks: u64,
+    payload: &[u8],
+) -> Result<(XferMetadata, MessagePlan), ConnectorError> {
+    let meta: XferMetadata = decode("MooncakeXferMetadata", payload)?;
+    let bounds = PullBounds {
+        num_blocks,
+        num_groups: layout.num_groups(),
+    };
+    meta.validate(&bounds)?;
+    let plan = plan_message(layout, &meta).map_err(|e| {
+        ConnectorError::new(
+            e.code,
+            format!(
+                "refusing a pull from {}:{}: {}",
+                meta.remote_hostname, meta.remote_port, e.detail
+            ),
+        )
+    })?;
+    Ok((meta, plan))
+}
+
 /// What one pull message needs, worked out before any slot is touched.
-struct MessagePlan {
-    d_layout: KvLayout,
-    pairs: Vec<(usize, usize)>,
-    plans: Vec<CopyPlan>,
-    need_send: usize,
+pub struct MessagePlan {
+    /// The decoder's layout.
+    pub d_layout: KvLayout,
+    /// (producer region, consumer region) pairs.
+    pub pairs: Vec<(usize, usize)>,
+    /// The byte plan of each pair.
+    pub plans: Vec<CopyPlan>,
+    /// How many decoder ranks pull each request from this worker.
+    pub need_send: usize,
 }
 
 fn plan_message(p: &KvLayout, meta: &XferMetadata) -> Result<MessagePlan, ConnectorError> {

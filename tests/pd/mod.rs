@@ -21,6 +21,7 @@ pub fn env(abort_secs: u64) -> ConnectorEnv {
         connector_timeout: Duration::from_secs(5),
         abort_request_timeout: Duration::from_secs(abort_secs),
         host_ip: "127.0.0.1".into(),
+        ..ConnectorEnv::default()
     }
 }
 
