@@ -282,3 +282,27 @@ async fn device_name_and_peermem_reach_the_engine() {
     }
     assert!(engine.segment_name().starts_with("127.0.0.1:"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_bootstrap_server_is_a_bounded_503_naming_it() {
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let d = serve("kv_consumer", "", 30, 8, 0).await;
+    let body = json!({"prompt": "nobody answers the bootstrap query", "max_tokens": 3,
+        "kv_transfer_params": {"do_remote_decode": false, "do_remote_prefill": true, "transfer_id": "xfer-s",
+                               "remote_engine_id": "e", "remote_bootstrap_addr": format!("http://{silent_addr}")}});
+    let t0 = Instant::now();
+    let (code, text) = post(&d.url, body).await;
+    let took = t0.elapsed();
+    assert_eq!(code, 503, "{text}");
+    assert!(text.contains(&silent_addr.to_string()), "{text}");
+    // The default bound is 10 s (MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT).
+    assert!(took < Duration::from_secs(13), "{took:?}");
+}

@@ -390,8 +390,8 @@ impl BootstrapClient {
         .await
     }
 
-    /// Fetches the table from `base_url`. A 503 (topology incomplete) is
-    /// retried like a timeout.
+    /// Fetches the table from `base_url`. Like vLLM's client, an HTTP error
+    /// (a 503 for an incomplete topology included) is not retried.
     pub async fn query(&self, base_url: &str) -> Result<QueryTable, ConnectorError> {
         let url = format!("{}/query", base_url.trim_end_matches('/'));
         let what = format!("bootstrap query at {url}");
@@ -404,12 +404,6 @@ impl BootstrapClient {
                 .await
                 .map_err(|e| classify(&url, e))?;
             let status = resp.status();
-            if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
-                let body = resp.text().await.unwrap_or_default();
-                return Err(CallError::Transient(format!(
-                    "GET {url} returned 503: {body}"
-                )));
-            }
             if !status.is_success() {
                 let body = resp.text().await.unwrap_or_default();
                 return Err(CallError::Fatal(ConnectorError::new(

@@ -68,7 +68,12 @@ pub struct Consumer {
 impl Consumer {
     /// A consumer for the worker `ctx`.
     pub fn new(ctx: Arc<WorkerContext>) -> Self {
-        let bootstrap = BootstrapClient::new(ctx.env.connector_timeout, RetryPolicy::default());
+        let bootstrap = BootstrapClient::new(
+            ctx.env
+                .connector_timeout
+                .min(ctx.env.bootstrap_query_timeout),
+            RetryPolicy::default(),
+        );
         Self {
             ctx,
             bootstrap,
@@ -99,7 +104,20 @@ impl Consumer {
         if let Some(e) = self.engines.lock().unwrap().get(engine_id) {
             return Ok(e.clone());
         }
-        let table = self.bootstrap.query(bootstrap_addr).await?;
+        // One bound for the whole lookup, retries included: a bootstrap
+        // server that accepts and never answers must not hold the request.
+        let limit = self.ctx.env.bootstrap_query_timeout;
+        let table = tokio::time::timeout(limit, self.bootstrap.query(bootstrap_addr))
+            .await
+            .map_err(|_| {
+                ConnectorError::new(
+                    ConnectorErrorCode::Bootstrap,
+                    format!(
+                        "bootstrap server {bootstrap_addr} did not answer within {limit:?} \
+                         (MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT)"
+                    ),
+                )
+            })??;
         self.cache_table(&table)?;
         self.engines.lock().unwrap().get(engine_id).cloned().ok_or_else(|| {
             ConnectorError::new(

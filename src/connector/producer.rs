@@ -69,6 +69,10 @@ struct SendSlot {
     need_send: Option<usize>,
     sent: usize,
     sending: usize,
+    /// The engine announced this transfer (or finished it): a pull may
+    /// wait for it up to the abort timeout. A pull for a transfer nobody
+    /// announced waits only `unknown_transfer_wait`.
+    expected: bool,
 }
 
 impl SendSlot {
@@ -82,7 +86,35 @@ impl SendSlot {
             need_send: None,
             sent: 0,
             sending: 0,
+            expected: false,
         }
+    }
+}
+
+/// Most pulls a worker serves at once (waiting ones included); more get an
+/// error reply at once.
+pub const MAX_PULLS_IN_FLIGHT: usize = 1024;
+/// Most send slots a worker keeps (placeholders included).
+pub const MAX_SLOTS: usize = 65536;
+
+/// Counts a pull in flight while alive.
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl InFlight {
+    fn take(c: &Arc<std::sync::atomic::AtomicUsize>) -> Option<Self> {
+        use std::sync::atomic::Ordering;
+        let prev = c.fetch_add(1, Ordering::AcqRel);
+        if prev >= MAX_PULLS_IN_FLIGHT {
+            c.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(c.clone()))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -92,7 +124,7 @@ struct Inner {
     changed: Notify,
     events: mpsc::UnboundedSender<ProducerEvent>,
     writers: Arc<Semaphore>,
-    handlers: Arc<Semaphore>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
     sessions: Mutex<HashMap<String, RemoteSegment>>,
     stats: Arc<ConnectorStats>,
 }
@@ -163,7 +195,7 @@ impl Producer {
             changed: Notify::new(),
             events,
             writers: Arc::new(Semaphore::new(num_workers)),
-            handlers: Arc::new(Semaphore::new(2 * num_workers)),
+            in_flight: Default::default(),
             sessions: Mutex::new(HashMap::new()),
         });
         let (tx, mut rx) = socket.split();
@@ -184,15 +216,22 @@ impl Producer {
                             "dropping a side-channel message with {} frames (expected identity + payload)", frames.len());
                         continue;
                     }
-                    let permit = inner
-                        .handlers
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .expect("semaphore open");
-                    let (inner, tx) = (inner.clone(), tx.clone());
+                    // A pull waiting for its prefill holds no handler slot:
+                    // only the writes are bounded (by `num_workers`), and
+                    // the number of pulls in flight is capped.
+                    let (inner, mut tx) = (inner.clone(), tx.clone());
+                    let Some(ticket) = InFlight::take(&inner.in_flight) else {
+                        tracing::warn!(target: "mooncake_connector::producer",
+                            "refusing a pull: {MAX_PULLS_IN_FLIGHT} pulls in flight");
+                        let mut msg = ZmqMessage::from(frames[0].clone());
+                        msg.push_back(Bytes::from(encode(&XferResponse::error(format!(
+                            "prefill worker busy: {MAX_PULLS_IN_FLIGHT} pulls in flight"
+                        )))));
+                        let _ = tx.send(msg).await;
+                        continue;
+                    };
                     tokio::spawn(async move {
-                        let _permit = permit;
+                        let _ticket = ticket;
                         handle_message(inner, frames[0].clone(), frames[1].clone(), tx).await;
                     });
                 }
@@ -224,6 +263,23 @@ impl Producer {
         &self.addr
     }
 
+    /// The engine admitted a prefill request for `transfer_id` (before its
+    /// KV exists): a decoder asking for it now waits for it, up to the
+    /// abort timeout, instead of the short wait for unknown ids.
+    pub fn request_started(&self, transfer_id: &str) {
+        {
+            let mut slots = self.inner.slots.lock().unwrap();
+            let slot = slots
+                .entry(transfer_id.to_string())
+                .or_insert_with(SendSlot::placeholder);
+            slot.expected = true;
+            if let SlotState::Placeholder { since } = &mut slot.state {
+                *since = Instant::now();
+            }
+        }
+        self.inner.changed.notify_waiters();
+    }
+
     /// Prefill of `p_req_id` finished (length-capped): its KV is in `blocks`
     /// and may be sent to decoders asking for `transfer_id`.
     pub fn request_ready(&self, transfer_id: &str, p_req_id: &str, blocks: GroupBlocks) {
@@ -239,6 +295,7 @@ impl Producer {
                 blocks,
                 expire_at,
             };
+            slot.expected = true;
             // Every paired decoder already released it (empty pulls).
             if slot.need_send.is_some_and(|n| slot.sent >= n) {
                 slots.remove(transfer_id);
@@ -265,6 +322,7 @@ impl Producer {
                 need_send: None,
                 sent: 0,
                 sending: 0,
+                expected: true,
             },
         );
         self.inner.changed.notify_waiters();
@@ -498,14 +556,24 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
     let session = format!("{}:{}", meta.remote_hostname, meta.remote_port);
     let mut pending = Vec::new();
     let mut released = Vec::new();
+    let mut failed_first: Vec<(String, String)> = Vec::new();
     {
         let mut slots = inner.slots.lock().unwrap();
         for (d_req_id, (transfer_id, d_blocks)) in meta.req_blocks {
-            let slot = slots
-                .entry(transfer_id.clone())
-                .or_insert_with(SendSlot::placeholder);
-            slot.need_send.get_or_insert(plan.need_send);
             if d_blocks.iter().all(|g| g.is_empty()) {
+                // A release may come before the prefill: keep a placeholder
+                // so the slot ends once it is ready (bounded in number).
+                if slots.len() >= MAX_SLOTS && !slots.contains_key(&transfer_id) {
+                    failed_first.push((
+                        d_req_id,
+                        format!("prefill worker holds {MAX_SLOTS} transfers; release refused"),
+                    ));
+                    continue;
+                }
+                let slot = slots
+                    .entry(transfer_id.clone())
+                    .or_insert_with(SendSlot::placeholder);
+                slot.need_send.get_or_insert(plan.need_send);
                 released.push((d_req_id, transfer_id));
             } else {
                 pending.push(Pending {
@@ -526,8 +594,12 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
     }
     let mut ok_first: Vec<String> = released.into_iter().map(|(d, _)| d).collect();
     let abort = inner.ctx.env.abort_request_timeout;
-    let mut deadline = tokio::time::Instant::now() + abort;
-    if pending.is_empty() {
+    let started = tokio::time::Instant::now();
+    let mut deadline = started + abort;
+    // A transfer this worker has never heard of gets a short grace (the
+    // decoder may simply be ahead of the prefill request), then an error.
+    let unknown_deadline = started + inner.ctx.env.unknown_transfer_wait;
+    if pending.is_empty() && failed_first.is_empty() {
         reply
             .send(&XferResponse {
                 status: XferStatus::Finish,
@@ -543,14 +615,17 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
         tokio::pin!(notified);
         notified.as_mut().enable();
         let mut ready = Vec::new();
-        let mut failed: Vec<(String, String)> = Vec::new();
+        let mut failed: Vec<(String, String)> = std::mem::take(&mut failed_first);
+        let now = tokio::time::Instant::now();
+        let mut waiting_unknown = false;
         {
             let mut slots = inner.slots.lock().unwrap();
             pending.retain_mut(|p| match slots.get_mut(&p.transfer_id) {
-                Some(s) => match &s.state {
+                Some(s) if s.expected || !matches!(s.state, SlotState::Placeholder { .. }) => match &s.state {
                     SlotState::Ready {
                         p_req_id, blocks, ..
                     } => {
+                        s.need_send.get_or_insert(plan.need_send);
                         s.sending += 1;
                         ready.push(ReadyReq {
                             d_req_id: p.d_req_id.clone(),
@@ -568,13 +643,20 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
                         ));
                         false
                     }
-                    SlotState::Placeholder { .. } => true,
+                    SlotState::Placeholder { .. } => {
+                        s.need_send.get_or_insert(plan.need_send);
+                        true
+                    }
                 },
-                None => {
+                _ if now < unknown_deadline => {
+                    waiting_unknown = true;
+                    true
+                }
+                _ => {
                     failed.push((
                         p.d_req_id.clone(),
                         format!(
-                            "transfer {} is unknown: already sent, released or expired",
+                            "transfer {} is unknown to this prefill worker (never started, or already sent, released or expired)",
                             p.transfer_id
                         ),
                     ));
@@ -617,7 +699,16 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
             deadline = tokio::time::Instant::now() + abort;
             continue;
         }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+        let wake = if waiting_unknown {
+            deadline.min(unknown_deadline)
+        } else {
+            deadline
+        };
+        if tokio::time::timeout_at(wake, notified).await.is_err() && wake < deadline {
+            // The grace for unknown ids ran out: fail them on the next pass.
+            continue;
+        }
+        if tokio::time::Instant::now() >= deadline {
             let err_reqs: Vec<String> = pending.iter().map(|p| p.d_req_id.clone()).collect();
             tracing::warn!(target: "mooncake_connector::producer",
                 "timeout waiting for P side ready: {err_reqs:?} from {session}");

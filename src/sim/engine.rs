@@ -448,6 +448,11 @@ impl SimEngine {
         transfer_id: Option<String>,
         cancelled: Arc<AtomicBool>,
     ) -> Result<GenerateOutput, GenerateError> {
+        if let Some(tid) = &transfer_id {
+            for r in &self.ranks {
+                r.producer.as_ref().expect("producer").request_started(tid);
+            }
+        }
         let blocks = self
             .pool
             .allocate(self.cfg.spec.blocks_for(tokens.len()))
@@ -506,6 +511,22 @@ impl SimEngine {
         transfer_id: String,
         cancelled: Arc<AtomicBool>,
     ) -> Result<GenerateOutput, GenerateError> {
+        // Find the prefill engine first (bounded): an unreachable or silent
+        // bootstrap server is a 503 naming it, not a KV failure.
+        // With the recompute policy the request goes on and recomputes.
+        let mut lookup_failure = None;
+        if let Some(c) = self.ranks.first().and_then(|r| r.consumer.as_ref()) {
+            if let Err(e) = c.lookup(&bootstrap, &engine_id).await {
+                if self.cfg.kv.kv_load_failure_policy == LoadFailurePolicy::Fail {
+                    return Err(GenerateError {
+                        status: 503,
+                        kind: "bootstrap_unavailable",
+                        message: e.detail,
+                    });
+                }
+                lookup_failure = Some(e.detail);
+            }
+        }
         let d_req_id = format!("{}-{:08x}", req.request_id, rand_u32());
         // Scheduling: a sequence slot and blocks. A request whose client
         // leaves before that tells the prefiller to release its blocks.
@@ -539,7 +560,10 @@ impl SimEngine {
             transfer_id: transfer_id.clone(),
             blocks: vec![blocks.clone()],
         };
-        let failure = self.pull_all(&bootstrap, &engine_id, pull).await;
+        let failure = match lookup_failure {
+            Some(why) => Some(why),
+            None => self.pull_all(&bootstrap, &engine_id, pull).await,
+        };
         let result = match failure {
             None => self
                 .verify_kv(&tokens, &blocks)
