@@ -122,6 +122,7 @@ async fn hostile_prefiller_cannot_make_the_decoder_allocate() {
                 tp_rank: 0,
                 pp_rank: 0,
                 addr: format!("tcp://{fake_addr}"),
+                ..Default::default()
             },
         )
         .await

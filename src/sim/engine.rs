@@ -201,13 +201,14 @@ impl SimEngine {
                         format!("{}:{}", cfg.env.host_ip, cfg.env.bootstrap_port)
                             .parse()
                             .map_err(|e| ConnectorError::config("VLLM_HOST_IP", e))?;
-                    let s = BootstrapServer::start(
+                    let s = BootstrapServer::start_with_token(
                         bind,
                         Some(ExpectedTopology {
                             dp_size: 1,
                             tp_size: cfg.tp as u32,
                             pp_size: 1,
                         }),
+                        cfg.env.bootstrap_token.clone(),
                     )
                     .await?;
                     let url = s.url();
@@ -215,7 +216,8 @@ impl SimEngine {
                     url
                 }
             };
-            let client = BootstrapClient::new(cfg.env.connector_timeout, RetryPolicy::default());
+            let client = BootstrapClient::new(cfg.env.connector_timeout, RetryPolicy::default())
+                .with_token(cfg.env.bootstrap_token.clone());
             for (rank, r) in ranks.iter().enumerate() {
                 let p = r.producer.as_ref().expect("producer");
                 let req = RegisterRequest {
@@ -224,6 +226,10 @@ impl SimEngine {
                     tp_rank: rank as u32,
                     pp_rank: 0,
                     addr: p.side_channel_addr().to_string(),
+                    // vLLM's newer server needs tp_size for TP > 1.
+                    tp_size: Some(cfg.tp as u32),
+                    pp_size: Some(1),
+                    dp_size: None,
                 };
                 client.register(&url, &req).await?;
             }

@@ -98,6 +98,8 @@ impl Prefill {
                 tp_rank: rank as u32,
                 pp_rank: 0,
                 addr: producer.side_channel_addr().to_string(),
+                tp_size: Some(tp as u32),
+                ..Default::default()
             };
             client.register(&bootstrap.url(), &req).await.unwrap();
             ranks.push((ctx, producer));
