@@ -51,6 +51,7 @@ async fn serve(
         model_name: "sim".into(),
         max_num_seqs,
         prefill_time_per_token: Duration::from_micros(us_per_token),
+        remote_decode_block_budget: spec().num_blocks / 2,
     };
     let engine = SimEngine::start(cfg).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -305,4 +306,39 @@ async fn a_silent_bootstrap_server_is_a_bounded_503_naming_it() {
     assert!(text.contains(&silent_addr.to_string()), "{text}");
     // The default bound is 10 s (MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT).
     assert!(took < Duration::from_secs(13), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_decode_holds_are_budgeted_and_visible() {
+    // Budget: half of 256 blocks. Each prompt below needs 50 blocks.
+    let p = serve("kv_producer", "", 30, 8, 0).await;
+    let prompt = "x ".repeat(200);
+    let need = spec().blocks_for(mooncake_connector::sim::model::tokenize(&prompt).len());
+    assert!((43..=64).contains(&need), "{need}");
+    let held = 128 / need;
+    for i in 0..held {
+        let (code, body) = post(&p.url, prefill_leg(&prompt, &format!("xfer-h{i}"))).await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let (code, body) = post(&p.url, prefill_leg(&prompt, "xfer-over")).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("remote-decode-block-budget"), "{body}");
+    // The stats show what is held and for how long.
+    let m: Value = reqwest::get(format!("{}/metrics", p.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["remote_decode_blocks_held"], held * need, "{m}");
+    assert_eq!(m["remote_decode_budget_refusals"], 1, "{m}");
+    assert_eq!(
+        m["held_kv"]["requests"].as_array().unwrap().len(),
+        held,
+        "{m}"
+    );
+    assert!(m["held_kv"]["oldest_age_s"].as_f64().unwrap() > 0.0, "{m}");
+    // Local work is not starved: the scheduler still has blocks.
+    let (code, body) = post(&p.url, json!({"prompt": prompt, "max_tokens": 2})).await;
+    assert_eq!(code, 200, "{body}");
 }

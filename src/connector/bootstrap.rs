@@ -287,10 +287,12 @@ impl ServerState {
             (None, _) => t.workers += 1,
             (Some(cur), Some(old)) if cur == old => {}
             (Some(cur), _) if *cur == r.addr => return Ok(()),
-            (Some(cur), _) => return Err(conflict(format!(
+            (Some(cur), _) => {
+                return Err(conflict(format!(
                 "dp_rank {} tp_rank {} pp_rank {} is already registered with addr {cur}, not {}",
                 r.dp_rank, r.tp_rank, r.pp_rank, r.addr
-            ))),
+            )))
+            }
         }
         slot.insert(r.pp_rank, r.addr.clone());
         Ok(())
