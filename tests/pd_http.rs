@@ -342,3 +342,53 @@ async fn remote_decode_holds_are_budgeted_and_visible() {
     let (code, body) = post(&p.url, json!({"prompt": prompt, "max_tokens": 2})).await;
     assert_eq!(code, 200, "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_pull_frees_both_sides_at_once() {
+    // A slow prefill: 400 prompt bytes at 5 ms each.
+    let p = serve("kv_producer", "", 30, 8, 5_000).await;
+    let d = serve("kv_consumer", "", 30, 8, 0).await;
+    let prompt = "y ".repeat(200);
+    let t0 = Instant::now();
+    let prefill = tokio::spawn({
+        let (url, v) = (p.url.clone(), prefill_leg(&prompt, "xfer-gone"));
+        async move { post(&url, v).await }
+    });
+    // The decode leg's client gives up while the decoder waits for the KV.
+    let gave_up = reqwest::Client::new()
+        .post(format!("{}/v1/completions", d.url))
+        .timeout(Duration::from_millis(500))
+        .json(&decode_leg(&p, &prompt, "xfer-gone", 4))
+        .send()
+        .await;
+    assert!(gave_up.is_err());
+    // The decoder frees its blocks without waiting for the prefill.
+    let mut freed = false;
+    while t0.elapsed() < Duration::from_millis(1500) {
+        if metric(&d, "blocks_free").await == metric(&d, "blocks_total").await {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(freed, "decoder still holds blocks at {:?}", t0.elapsed());
+    assert_eq!(metric(&d, "released_decodes").await, 1);
+    // The prefill finishes; its blocks go at once, not after the abort
+    // timeout.
+    let (code, _) = prefill.await.unwrap();
+    assert_eq!(code, 200);
+    let t1 = Instant::now();
+    while metric(&p, "requests_holding_kv").await != 0 {
+        assert!(
+            t1.elapsed() < Duration::from_secs(2),
+            "prefill still holds KV"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(metric(&p, "remote_decode_blocks_held").await, 0);
+    assert_eq!(
+        metric(&p, "bytes_sent").await,
+        0,
+        "nothing written into freed blocks"
+    );
+}

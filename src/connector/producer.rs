@@ -73,6 +73,10 @@ struct SendSlot {
     /// wait for it up to the abort timeout. A pull for a transfer nobody
     /// announced waits only `unknown_transfer_wait`.
     expected: bool,
+    /// Decoder ranks (`host:port#rank`) that released this transfer: a pull
+    /// of theirs still waiting for it ends without writing, so the decoder
+    /// may free its blocks at once.
+    released_by: Vec<String>,
 }
 
 impl SendSlot {
@@ -87,6 +91,7 @@ impl SendSlot {
             sent: 0,
             sending: 0,
             expected: false,
+            released_by: Vec::new(),
         }
     }
 }
@@ -323,6 +328,7 @@ impl Producer {
                 sent: 0,
                 sending: 0,
                 expected: true,
+                released_by: Vec::new(),
             },
         );
         self.inner.changed.notify_waiters();
@@ -554,6 +560,7 @@ fn plan_message(p: &KvLayout, meta: &XferMetadata) -> Result<MessagePlan, Connec
 
 async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mut reply: Reply) {
     let session = format!("{}:{}", meta.remote_hostname, meta.remote_port);
+    let who = format!("{session}#{}", meta.remote_tp_rank);
     let mut pending = Vec::new();
     let mut released = Vec::new();
     let mut failed_first: Vec<(String, String)> = Vec::new();
@@ -574,6 +581,9 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
                     .entry(transfer_id.clone())
                     .or_insert_with(SendSlot::placeholder);
                 slot.need_send.get_or_insert(plan.need_send);
+                if slot.released_by.len() < 64 {
+                    slot.released_by.push(who.clone());
+                }
                 released.push((d_req_id, transfer_id));
             } else {
                 pending.push(Pending {
@@ -591,6 +601,10 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
             "decoder released transfer {transfer_id} (request {d_req_id}) without pulling");
         ConnectorStats::add(&inner.stats.released_slots, 1);
         inner.count_sent(transfer_id, false);
+    }
+    if !released.is_empty() {
+        // Wake a pull of this decoder still waiting for a released transfer.
+        inner.changed.notify_waiters();
     }
     let mut ok_first: Vec<String> = released.into_iter().map(|(d, _)| d).collect();
     let abort = inner.ctx.env.abort_request_timeout;
@@ -621,6 +635,15 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
         {
             let mut slots = inner.slots.lock().unwrap();
             pending.retain_mut(|p| match slots.get_mut(&p.transfer_id) {
+                // The decoder gave this request up while we waited (it sent
+                // a release): end without touching its blocks.
+                Some(s) if s.released_by.contains(&who) => {
+                    failed.push((
+                        p.d_req_id.clone(),
+                        format!("transfer {} was released by the decoder", p.transfer_id),
+                    ));
+                    false
+                }
                 Some(s) if s.expected || !matches!(s.state, SlotState::Placeholder { .. }) => match &s.state {
                     SlotState::Ready {
                         p_req_id, blocks, ..

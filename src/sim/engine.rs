@@ -628,7 +628,37 @@ impl SimEngine {
         };
         let failure = match lookup_failure {
             Some(why) => Some(why),
-            None => self.pull_all(&bootstrap, &engine_id, pull).await,
+            None => {
+                // A client that leaves mid-pull: release the prefiller's
+                // blocks at once (an empty pull, vLLM's own release). Our
+                // prefiller then ends the waiting pull without writing; the
+                // blocks here are freed only once that pull has ended, so
+                // nothing can write into them afterwards (with a vLLM
+                // prefiller that is when it writes or times out).
+                let release = PullRequest {
+                    d_req_id: pull.d_req_id.clone(),
+                    transfer_id: transfer_id.clone(),
+                    blocks: vec![vec![]],
+                };
+                let pulling = self.pull_all(&bootstrap, &engine_id, pull);
+                tokio::pin!(pulling);
+                let gone = async {
+                    while !cancelled.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                };
+                tokio::select! {
+                    f = &mut pulling => f,
+                    () = gone => {
+                        tracing::info!(target: "mooncake_connector::sim", request = %req.request_id, transfer = %transfer_id,
+                            "client left during the KV pull; releasing the prefiller's blocks");
+                        self.released_decodes.fetch_add(1, Ordering::Relaxed);
+                        let _ = tokio::join!(self.pull_all(&bootstrap, &engine_id, release), &mut pulling);
+                        self.pool.free(&blocks);
+                        return Err(GenerateError { status: 499, kind: "aborted", message: "client disconnected".into() });
+                    }
+                }
+            }
         };
         let result = match failure {
             None => self
