@@ -137,6 +137,9 @@ async fn hostile_prefiller_cannot_make_the_decoder_allocate() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
 }
 
+/// A change to a valid pull message.
+type Edit = Box<dyn Fn(&mut mooncake_connector::connector::protocol::XferMetadata)>;
+
 /// One raw pull over a DEALER; the first reply, if any within `within`.
 async fn raw_pull_once(
     addr: &str,
@@ -180,10 +183,7 @@ async fn absurd_field_values_get_an_error_reply_naming_the_field() {
         m
     };
     let num_blocks = p.ranks[0].0.spec.num_blocks;
-    let cases: Vec<(
-        &str,
-        Box<dyn Fn(&mut mooncake_connector::connector::protocol::XferMetadata)>,
-    )> = vec![
+    let cases: Vec<(&str, Edit)> = vec![
         ("remote_tp_size", Box::new(|m| m.remote_tp_size = 1 << 34)),
         ("remote_tp_size", Box::new(|m| m.remote_tp_size = 1 << 63)),
         ("remote_tp_rank", Box::new(|m| m.remote_tp_rank = 7)),
