@@ -91,6 +91,7 @@ async fn main() {
                 tp_rank: 0,
                 pp_rank: 0,
                 addr: producer.side_channel_addr().into(),
+                ..Default::default()
             },
         )
         .await

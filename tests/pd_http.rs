@@ -51,6 +51,7 @@ async fn serve(
         model_name: "sim".into(),
         max_num_seqs,
         prefill_time_per_token: Duration::from_micros(us_per_token),
+        remote_decode_block_budget: spec().num_blocks / 2,
     };
     let engine = SimEngine::start(cfg).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -281,4 +282,113 @@ async fn device_name_and_peermem_reach_the_engine() {
         );
     }
     assert!(engine.segment_name().starts_with("127.0.0.1:"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_bootstrap_server_is_a_bounded_503_naming_it() {
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let d = serve("kv_consumer", "", 30, 8, 0).await;
+    let body = json!({"prompt": "nobody answers the bootstrap query", "max_tokens": 3,
+        "kv_transfer_params": {"do_remote_decode": false, "do_remote_prefill": true, "transfer_id": "xfer-s",
+                               "remote_engine_id": "e", "remote_bootstrap_addr": format!("http://{silent_addr}")}});
+    let t0 = Instant::now();
+    let (code, text) = post(&d.url, body).await;
+    let took = t0.elapsed();
+    assert_eq!(code, 503, "{text}");
+    assert!(text.contains(&silent_addr.to_string()), "{text}");
+    // The default bound is 10 s (MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT).
+    assert!(took < Duration::from_secs(13), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_decode_holds_are_budgeted_and_visible() {
+    // Budget: half of 256 blocks. Each prompt below needs 50 blocks.
+    let p = serve("kv_producer", "", 30, 8, 0).await;
+    let prompt = "x ".repeat(200);
+    let need = spec().blocks_for(mooncake_connector::sim::model::tokenize(&prompt).len());
+    assert!((43..=64).contains(&need), "{need}");
+    let held = 128 / need;
+    for i in 0..held {
+        let (code, body) = post(&p.url, prefill_leg(&prompt, &format!("xfer-h{i}"))).await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let (code, body) = post(&p.url, prefill_leg(&prompt, "xfer-over")).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("remote-decode-block-budget"), "{body}");
+    // The stats show what is held and for how long.
+    let m: Value = reqwest::get(format!("{}/metrics", p.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["remote_decode_blocks_held"], held * need, "{m}");
+    assert_eq!(m["remote_decode_budget_refusals"], 1, "{m}");
+    assert_eq!(
+        m["held_kv"]["requests"].as_array().unwrap().len(),
+        held,
+        "{m}"
+    );
+    assert!(m["held_kv"]["oldest_age_s"].as_f64().unwrap() > 0.0, "{m}");
+    // Local work is not starved: the scheduler still has blocks.
+    let (code, body) = post(&p.url, json!({"prompt": prompt, "max_tokens": 2})).await;
+    assert_eq!(code, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_pull_frees_both_sides_at_once() {
+    // A slow prefill: 400 prompt bytes at 5 ms each.
+    let p = serve("kv_producer", "", 30, 8, 5_000).await;
+    let d = serve("kv_consumer", "", 30, 8, 0).await;
+    let prompt = "y ".repeat(200);
+    let t0 = Instant::now();
+    let prefill = tokio::spawn({
+        let (url, v) = (p.url.clone(), prefill_leg(&prompt, "xfer-gone"));
+        async move { post(&url, v).await }
+    });
+    // The decode leg's client gives up while the decoder waits for the KV.
+    let gave_up = reqwest::Client::new()
+        .post(format!("{}/v1/completions", d.url))
+        .timeout(Duration::from_millis(500))
+        .json(&decode_leg(&p, &prompt, "xfer-gone", 4))
+        .send()
+        .await;
+    assert!(gave_up.is_err());
+    // The decoder frees its blocks without waiting for the prefill.
+    let mut freed = false;
+    while t0.elapsed() < Duration::from_millis(1500) {
+        if metric(&d, "blocks_free").await == metric(&d, "blocks_total").await {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(freed, "decoder still holds blocks at {:?}", t0.elapsed());
+    assert_eq!(metric(&d, "released_decodes").await, 1);
+    // The prefill finishes; its blocks go at once, not after the abort
+    // timeout.
+    let (code, _) = prefill.await.unwrap();
+    assert_eq!(code, 200);
+    let t1 = Instant::now();
+    while metric(&p, "requests_holding_kv").await != 0 {
+        assert!(
+            t1.elapsed() < Duration::from_secs(2),
+            "prefill still holds KV"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(metric(&p, "remote_decode_blocks_held").await, 0);
+    assert_eq!(
+        metric(&p, "bytes_sent").await,
+        0,
+        "nothing written into freed blocks"
+    );
 }

@@ -284,6 +284,22 @@ pub struct ConnectorEnv {
     /// `VLLM_HOST_IP`: the address advertised to peers (default: the first
     /// non-loopback IPv4 address of an interface that is up, else 127.0.0.1).
     pub host_ip: String,
+    /// `MOONCAKE_SIDE_CHANNEL_MAX_MESSAGE` (bytes, default 16 MiB): the
+    /// largest side-channel message a peer may send; a peer announcing a
+    /// bigger frame is dropped before anything is allocated.
+    pub side_channel_max_message: u64,
+    /// `MOONCAKE_UNKNOWN_TRANSFER_WAIT` (float seconds, default 5): how long
+    /// a pull for a transfer id this prefiller has never seen waits for the
+    /// prefill request to show up before it is answered with an error.
+    pub unknown_transfer_wait: Duration,
+    /// `MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT` (float seconds, default 10): the
+    /// total time a decoder spends on one bootstrap lookup, retries
+    /// included.
+    pub bootstrap_query_timeout: Duration,
+    /// `MOONCAKE_BOOTSTRAP_TOKEN` (unset by default): a shared secret the
+    /// bootstrap server requires on `POST /register` (`Authorization:
+    /// Bearer <token>`) and our registration client sends.
+    pub bootstrap_token: Option<String>,
 }
 
 impl Default for ConnectorEnv {
@@ -293,6 +309,10 @@ impl Default for ConnectorEnv {
             connector_timeout: Duration::from_secs(30),
             abort_request_timeout: Duration::from_secs(480),
             host_ip: "127.0.0.1".into(),
+            side_channel_max_message: super::zmtp_guard::DEFAULT_MAX_MESSAGE,
+            unknown_transfer_wait: Duration::from_secs(5),
+            bootstrap_query_timeout: Duration::from_secs(10),
+            bootstrap_token: None,
         }
     }
 }
@@ -339,6 +359,31 @@ impl ConnectorEnv {
                 }
             };
         }
+        let secs = |key: &str, v: &str| match v.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 && s < 1e7 => Ok(Duration::from_secs_f64(s)),
+            _ => Err(ConnectorError::config(
+                key,
+                format!("{v:?} is not a positive number of seconds"),
+            )),
+        };
+        if let Some(v) = get("MOONCAKE_SIDE_CHANNEL_MAX_MESSAGE") {
+            e.side_channel_max_message = match v.trim().parse::<u64>() {
+                Ok(n) if (1024..=(1 << 32)).contains(&n) => n,
+                _ => {
+                    return Err(ConnectorError::config(
+                        "MOONCAKE_SIDE_CHANNEL_MAX_MESSAGE",
+                        format!("{v:?} is not a byte count between 1 KiB and 4 GiB"),
+                    ))
+                }
+            };
+        }
+        if let Some(v) = get("MOONCAKE_UNKNOWN_TRANSFER_WAIT") {
+            e.unknown_transfer_wait = secs("MOONCAKE_UNKNOWN_TRANSFER_WAIT", &v)?;
+        }
+        if let Some(v) = get("MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT") {
+            e.bootstrap_query_timeout = secs("MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT", &v)?;
+        }
+        e.bootstrap_token = get("MOONCAKE_BOOTSTRAP_TOKEN").filter(|t| !t.is_empty());
         e.host_ip = match get("VLLM_HOST_IP") {
             Some(ip) if !ip.trim().is_empty() => {
                 let ip = ip.trim().to_string();

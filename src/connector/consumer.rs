@@ -4,7 +4,7 @@
 //! reply.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -15,6 +15,16 @@ use super::protocol::{decode, encode, GroupBlocks, XferMetadata, XferResponse, X
 use super::regions::{check_tp_sizes, target_ranks};
 use super::stats::ConnectorStats;
 use super::worker::WorkerContext;
+use super::zmtp_guard::{self, Limits};
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<String>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// One request to pull.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +68,12 @@ pub struct Consumer {
 impl Consumer {
     /// A consumer for the worker `ctx`.
     pub fn new(ctx: Arc<WorkerContext>) -> Self {
-        let bootstrap = BootstrapClient::new(ctx.env.connector_timeout, RetryPolicy::default());
+        let bootstrap = BootstrapClient::new(
+            ctx.env
+                .connector_timeout
+                .min(ctx.env.bootstrap_query_timeout),
+            RetryPolicy::default(),
+        );
         Self {
             ctx,
             bootstrap,
@@ -89,7 +104,20 @@ impl Consumer {
         if let Some(e) = self.engines.lock().unwrap().get(engine_id) {
             return Ok(e.clone());
         }
-        let table = self.bootstrap.query(bootstrap_addr).await?;
+        // One bound for the whole lookup, retries included: a bootstrap
+        // server that accepts and never answers must not hold the request.
+        let limit = self.ctx.env.bootstrap_query_timeout;
+        let table = tokio::time::timeout(limit, self.bootstrap.query(bootstrap_addr))
+            .await
+            .map_err(|_| {
+                ConnectorError::new(
+                    ConnectorErrorCode::Bootstrap,
+                    format!(
+                        "bootstrap server {bootstrap_addr} did not answer within {limit:?} \
+                         (MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT)"
+                    ),
+                )
+            })??;
         self.cache_table(&table)?;
         self.engines.lock().unwrap().get(engine_id).cloned().ok_or_else(|| {
             ConnectorError::new(
@@ -274,13 +302,35 @@ impl Consumer {
             }
         };
         let timeout = self.ctx.env.receive_timeout();
+        // The DEALER talks to the prefiller through a bounded relay, so a
+        // hostile prefiller cannot make it allocate an announced frame size.
+        let limits = Limits {
+            max_message: self.ctx.env.side_channel_max_message,
+            idle: timeout,
+        };
+        let (local, relay) =
+            match zmtp_guard::outgoing(addr, self.ctx.env.connector_timeout, limits).await {
+                Ok(r) => r,
+                Err(e) => {
+                    fail_rest(&mut results, format!("P tp_rank {p_rank}: {e}"));
+                    return results;
+                }
+            };
+        let mut relay = AbortOnDrop(relay);
+        let mut relay_ended: Option<String> = None;
         let mut sock = zeromq::DealerSocket::new();
-        match tokio::time::timeout(self.ctx.env.connector_timeout, sock.connect(addr)).await {
+        match tokio::time::timeout(self.ctx.env.connector_timeout, sock.connect(&local)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
+                // The relay may have dropped the peer: say why.
+                let why = match tokio::time::timeout(Duration::from_millis(200), &mut relay.0).await
+                {
+                    Ok(Ok(why)) => format!("{e}; {why}"),
+                    _ => e.to_string(),
+                };
                 fail_rest(
                     &mut results,
-                    format!("cannot connect to P tp_rank {p_rank} at {addr}: {e}"),
+                    format!("cannot connect to P tp_rank {p_rank} at {addr}: {why}"),
                 );
                 return results;
             }
@@ -300,7 +350,32 @@ impl Consumer {
             return results;
         }
         loop {
-            let msg = match tokio::time::timeout(timeout, sock.recv()).await {
+            // A relay that ended (the prefiller closed, or was dropped for
+            // breaking the limits) fails the pull now, after a short grace
+            // for a reply already on its way.
+            let wait = if relay_ended.is_some() {
+                Duration::from_millis(200)
+            } else {
+                timeout
+            };
+            let watch_relay = relay_ended.is_none();
+            let got = tokio::select! {
+                biased;
+                r = tokio::time::timeout(wait, sock.recv()) => Some(r),
+                why = &mut relay.0, if watch_relay => {
+                    relay_ended = Some(why.unwrap_or_else(|e| e.to_string()));
+                    None
+                }
+            };
+            let Some(got) = got else { continue };
+            if let (Err(_), Some(why)) = (&got, &relay_ended) {
+                fail_rest(
+                    &mut results,
+                    format!("side channel to P tp_rank {p_rank} at {addr} ended: {why}"),
+                );
+                break;
+            }
+            let msg = match got {
                 Ok(Ok(m)) => m,
                 Ok(Err(e)) => {
                     fail_rest(
@@ -334,11 +409,17 @@ impl Consumer {
                 fail_rest(&mut results, format!("P tp_rank {p_rank}: {msg}"));
                 break;
             }
+            // Only the requests we asked for count: a peer cannot grow the
+            // result map with made-up ids.
             for id in resp.ok_reqs.unwrap_or_default() {
-                results.insert(id, Ok(()));
+                if ids.contains(&id) {
+                    results.insert(id, Ok(()));
+                }
             }
             for id in resp.err_reqs.unwrap_or_default() {
-                results.insert(id, Err(format!("P tp_rank {p_rank}: {msg}")));
+                if ids.contains(&id) {
+                    results.insert(id, Err(format!("P tp_rank {p_rank}: {msg}")));
+                }
             }
             if resp.status == XferStatus::Finish {
                 fail_rest(

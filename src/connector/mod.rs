@@ -12,6 +12,7 @@ pub mod protocol;
 pub mod regions;
 pub mod stats;
 pub mod worker;
+pub mod zmtp_guard;
 
 pub use config::{
     ConnectorEnv, HostPort, KvRole, KvTransferConfig, LoadFailurePolicy, MooncakeProtocol,

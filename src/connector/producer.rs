@@ -18,13 +18,16 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use super::error::{ConnectorError, ConnectorErrorCode};
-use super::protocol::{decode, encode, GroupBlocks, XferMetadata, XferResponse, XferStatus};
+use super::protocol::{
+    decode, encode, GroupBlocks, PullBounds, XferMetadata, XferResponse, XferStatus,
+};
 use super::regions::{
     align_regions, check_tp_sizes, request_descriptors, select_blocks, sender_plan, target_ranks,
     CopyPlan, Descriptor, KvLayout,
 };
 use super::stats::ConnectorStats;
 use super::worker::WorkerContext;
+use super::zmtp_guard::{serve_front, Limits};
 
 /// What the producer tells its engine about requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +69,14 @@ struct SendSlot {
     need_send: Option<usize>,
     sent: usize,
     sending: usize,
+    /// The engine announced this transfer (or finished it): a pull may
+    /// wait for it up to the abort timeout. A pull for a transfer nobody
+    /// announced waits only `unknown_transfer_wait`.
+    expected: bool,
+    /// Decoder ranks (`host:port#rank`) that released this transfer: a pull
+    /// of theirs still waiting for it ends without writing, so the decoder
+    /// may free its blocks at once.
+    released_by: Vec<String>,
 }
 
 impl SendSlot {
@@ -79,7 +90,36 @@ impl SendSlot {
             need_send: None,
             sent: 0,
             sending: 0,
+            expected: false,
+            released_by: Vec::new(),
         }
+    }
+}
+
+/// Most pulls a worker serves at once (waiting ones included); more get an
+/// error reply at once.
+pub const MAX_PULLS_IN_FLIGHT: usize = 1024;
+/// Most send slots a worker keeps (placeholders included).
+pub const MAX_SLOTS: usize = 65536;
+
+/// Counts a pull in flight while alive.
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl InFlight {
+    fn take(c: &Arc<std::sync::atomic::AtomicUsize>) -> Option<Self> {
+        use std::sync::atomic::Ordering;
+        let prev = c.fetch_add(1, Ordering::AcqRel);
+        if prev >= MAX_PULLS_IN_FLIGHT {
+            c.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(c.clone()))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -89,7 +129,7 @@ struct Inner {
     changed: Notify,
     events: mpsc::UnboundedSender<ProducerEvent>,
     writers: Arc<Semaphore>,
-    handlers: Arc<Semaphore>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
     sessions: Mutex<HashMap<String, RemoteSegment>>,
     stats: Arc<ConnectorStats>,
 }
@@ -109,20 +149,49 @@ impl Producer {
         ctx: Arc<WorkerContext>,
         events: mpsc::UnboundedSender<ProducerEvent>,
     ) -> Result<Self, ConnectorError> {
+        // The ROUTER listens on loopback only; peers reach it through the
+        // bounded relay on the public address (see `zmtp_guard`).
         let mut socket = zeromq::RouterSocket::new();
+        let private = socket.bind("tcp://127.0.0.1:0").await.map_err(|e| {
+            ConnectorError::new(
+                ConnectorErrorCode::SideChannel,
+                format!("cannot bind the side channel's loopback socket: {e}"),
+            )
+        })?;
+        let backend: std::net::SocketAddr = private
+            .to_string()
+            .trim_start_matches("tcp://")
+            .parse()
+            .map_err(|e| {
+                ConnectorError::new(
+                    ConnectorErrorCode::SideChannel,
+                    format!("side channel bound at {private}: {e}"),
+                )
+            })?;
         let host = &ctx.env.host_ip;
         let ep = if host.contains(':') {
-            format!("tcp://[{host}]:0")
+            format!("[{host}]:0")
         } else {
-            format!("tcp://{host}:0")
+            format!("{host}:0")
         };
-        let bound = socket.bind(&ep).await.map_err(|e| {
+        let listener = tokio::net::TcpListener::bind(&ep).await.map_err(|e| {
             ConnectorError::new(
                 ConnectorErrorCode::SideChannel,
                 format!("cannot bind the side channel at {ep}: {e}"),
             )
         })?;
-        let addr = bound.to_string();
+        let public = listener.local_addr().map_err(|e| {
+            ConnectorError::new(
+                ConnectorErrorCode::SideChannel,
+                format!("side channel: {e}"),
+            )
+        })?;
+        let addr = format!("tcp://{public}");
+        let limits = Limits {
+            max_message: ctx.env.side_channel_max_message,
+            idle: ctx.env.receive_timeout(),
+        };
+        let front = tokio::spawn(serve_front(listener, backend, limits));
         let num_workers = ctx.config.num_workers;
         let inner = Arc::new(Inner {
             stats: ctx.stats.clone(),
@@ -131,7 +200,7 @@ impl Producer {
             changed: Notify::new(),
             events,
             writers: Arc::new(Semaphore::new(num_workers)),
-            handlers: Arc::new(Semaphore::new(2 * num_workers)),
+            in_flight: Default::default(),
             sessions: Mutex::new(HashMap::new()),
         });
         let (tx, mut rx) = socket.split();
@@ -152,15 +221,22 @@ impl Producer {
                             "dropping a side-channel message with {} frames (expected identity + payload)", frames.len());
                         continue;
                     }
-                    let permit = inner
-                        .handlers
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .expect("semaphore open");
-                    let (inner, tx) = (inner.clone(), tx.clone());
+                    // A pull waiting for its prefill holds no handler slot:
+                    // only the writes are bounded (by `num_workers`), and
+                    // the number of pulls in flight is capped.
+                    let (inner, mut tx) = (inner.clone(), tx.clone());
+                    let Some(ticket) = InFlight::take(&inner.in_flight) else {
+                        tracing::warn!(target: "mooncake_connector::producer",
+                            "refusing a pull: {MAX_PULLS_IN_FLIGHT} pulls in flight");
+                        let mut msg = ZmqMessage::from(frames[0].clone());
+                        msg.push_back(Bytes::from(encode(&XferResponse::error(format!(
+                            "prefill worker busy: {MAX_PULLS_IN_FLIGHT} pulls in flight"
+                        )))));
+                        let _ = tx.send(msg).await;
+                        continue;
+                    };
                     tokio::spawn(async move {
-                        let _permit = permit;
+                        let _ticket = ticket;
                         handle_message(inner, frames[0].clone(), frames[1].clone(), tx).await;
                     });
                 }
@@ -182,7 +258,7 @@ impl Producer {
         Ok(Self {
             inner,
             addr,
-            tasks: vec![serve, sweep],
+            tasks: vec![front, serve, sweep],
         })
     }
 
@@ -190,6 +266,23 @@ impl Producer {
     /// the bootstrap server).
     pub fn side_channel_addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The engine admitted a prefill request for `transfer_id` (before its
+    /// KV exists): a decoder asking for it now waits for it, up to the
+    /// abort timeout, instead of the short wait for unknown ids.
+    pub fn request_started(&self, transfer_id: &str) {
+        {
+            let mut slots = self.inner.slots.lock().unwrap();
+            let slot = slots
+                .entry(transfer_id.to_string())
+                .or_insert_with(SendSlot::placeholder);
+            slot.expected = true;
+            if let SlotState::Placeholder { since } = &mut slot.state {
+                *since = Instant::now();
+            }
+        }
+        self.inner.changed.notify_waiters();
     }
 
     /// Prefill of `p_req_id` finished (length-capped): its KV is in `blocks`
@@ -207,6 +300,7 @@ impl Producer {
                 blocks,
                 expire_at,
             };
+            slot.expected = true;
             // Every paired decoder already released it (empty pulls).
             if slot.need_send.is_some_and(|n| slot.sent >= n) {
                 slots.remove(transfer_id);
@@ -233,6 +327,8 @@ impl Producer {
                 need_send: None,
                 sent: 0,
                 sending: 0,
+                expected: true,
+                released_by: Vec::new(),
             },
         );
         self.inner.changed.notify_waiters();
@@ -369,30 +465,51 @@ async fn handle_message(
     tx: zeromq::RouterSendHalf,
 ) {
     let mut reply = Reply { identity, tx };
-    let meta: XferMetadata = match decode("MooncakeXferMetadata", &payload) {
-        Ok(m) => m,
+    match vet_pull(&inner.ctx.layout, inner.ctx.spec.num_blocks, &payload) {
+        Ok((meta, plan)) => serve_pull(inner, meta, plan, reply).await,
         Err(e) => {
-            tracing::warn!(target: "mooncake_connector::producer", "{e}");
-            reply.send(&XferResponse::error(e.detail)).await;
-            return;
-        }
-    };
-    match plan_message(&inner.ctx.layout, &meta) {
-        Ok(plan) => serve_pull(inner, meta, plan, reply).await,
-        Err(e) => {
-            tracing::warn!(target: "mooncake_connector::producer", "refusing a pull from {}:{}: {}",
-                meta.remote_hostname, meta.remote_port, e.detail);
+            tracing::warn!(target: "mooncake_connector::producer", "refusing a pull: {}", e.detail);
             reply.send(&XferResponse::error(e.detail)).await;
         }
     }
 }
 
+/// Decodes a pull message, validates every field against this worker's
+/// layout (`num_blocks` per region) and plans it. Nothing here trusts a
+/// peer value: an Err is the reply, naming the field or the mismatch.
+pub fn vet_pull(
+    layout: &KvLayout,
+    num_blocks: u64,
+    payload: &[u8],
+) -> Result<(XferMetadata, MessagePlan), ConnectorError> {
+    let meta: XferMetadata = decode("MooncakeXferMetadata", payload)?;
+    let bounds = PullBounds {
+        num_blocks,
+        num_groups: layout.num_groups(),
+    };
+    meta.validate(&bounds)?;
+    let plan = plan_message(layout, &meta).map_err(|e| {
+        ConnectorError::new(
+            e.code,
+            format!(
+                "refusing a pull from {}:{}: {}",
+                meta.remote_hostname, meta.remote_port, e.detail
+            ),
+        )
+    })?;
+    Ok((meta, plan))
+}
+
 /// What one pull message needs, worked out before any slot is touched.
-struct MessagePlan {
-    d_layout: KvLayout,
-    pairs: Vec<(usize, usize)>,
-    plans: Vec<CopyPlan>,
-    need_send: usize,
+pub struct MessagePlan {
+    /// The decoder's layout.
+    pub d_layout: KvLayout,
+    /// (producer region, consumer region) pairs.
+    pub pairs: Vec<(usize, usize)>,
+    /// The byte plan of each pair.
+    pub plans: Vec<CopyPlan>,
+    /// How many decoder ranks pull each request from this worker.
+    pub need_send: usize,
 }
 
 fn plan_message(p: &KvLayout, meta: &XferMetadata) -> Result<MessagePlan, ConnectorError> {
@@ -443,16 +560,30 @@ fn plan_message(p: &KvLayout, meta: &XferMetadata) -> Result<MessagePlan, Connec
 
 async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mut reply: Reply) {
     let session = format!("{}:{}", meta.remote_hostname, meta.remote_port);
+    let who = format!("{session}#{}", meta.remote_tp_rank);
     let mut pending = Vec::new();
     let mut released = Vec::new();
+    let mut failed_first: Vec<(String, String)> = Vec::new();
     {
         let mut slots = inner.slots.lock().unwrap();
         for (d_req_id, (transfer_id, d_blocks)) in meta.req_blocks {
-            let slot = slots
-                .entry(transfer_id.clone())
-                .or_insert_with(SendSlot::placeholder);
-            slot.need_send.get_or_insert(plan.need_send);
             if d_blocks.iter().all(|g| g.is_empty()) {
+                // A release may come before the prefill: keep a placeholder
+                // so the slot ends once it is ready (bounded in number).
+                if slots.len() >= MAX_SLOTS && !slots.contains_key(&transfer_id) {
+                    failed_first.push((
+                        d_req_id,
+                        format!("prefill worker holds {MAX_SLOTS} transfers; release refused"),
+                    ));
+                    continue;
+                }
+                let slot = slots
+                    .entry(transfer_id.clone())
+                    .or_insert_with(SendSlot::placeholder);
+                slot.need_send.get_or_insert(plan.need_send);
+                if slot.released_by.len() < 64 {
+                    slot.released_by.push(who.clone());
+                }
                 released.push((d_req_id, transfer_id));
             } else {
                 pending.push(Pending {
@@ -471,10 +602,18 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
         ConnectorStats::add(&inner.stats.released_slots, 1);
         inner.count_sent(transfer_id, false);
     }
+    if !released.is_empty() {
+        // Wake a pull of this decoder still waiting for a released transfer.
+        inner.changed.notify_waiters();
+    }
     let mut ok_first: Vec<String> = released.into_iter().map(|(d, _)| d).collect();
     let abort = inner.ctx.env.abort_request_timeout;
-    let mut deadline = tokio::time::Instant::now() + abort;
-    if pending.is_empty() {
+    let started = tokio::time::Instant::now();
+    let mut deadline = started + abort;
+    // A transfer this worker has never heard of gets a short grace (the
+    // decoder may simply be ahead of the prefill request), then an error.
+    let unknown_deadline = started + inner.ctx.env.unknown_transfer_wait;
+    if pending.is_empty() && failed_first.is_empty() {
         reply
             .send(&XferResponse {
                 status: XferStatus::Finish,
@@ -490,14 +629,26 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
         tokio::pin!(notified);
         notified.as_mut().enable();
         let mut ready = Vec::new();
-        let mut failed: Vec<(String, String)> = Vec::new();
+        let mut failed: Vec<(String, String)> = std::mem::take(&mut failed_first);
+        let now = tokio::time::Instant::now();
+        let mut waiting_unknown = false;
         {
             let mut slots = inner.slots.lock().unwrap();
             pending.retain_mut(|p| match slots.get_mut(&p.transfer_id) {
-                Some(s) => match &s.state {
+                // The decoder gave this request up while we waited (it sent
+                // a release): end without touching its blocks.
+                Some(s) if s.released_by.contains(&who) => {
+                    failed.push((
+                        p.d_req_id.clone(),
+                        format!("transfer {} was released by the decoder", p.transfer_id),
+                    ));
+                    false
+                }
+                Some(s) if s.expected || !matches!(s.state, SlotState::Placeholder { .. }) => match &s.state {
                     SlotState::Ready {
                         p_req_id, blocks, ..
                     } => {
+                        s.need_send.get_or_insert(plan.need_send);
                         s.sending += 1;
                         ready.push(ReadyReq {
                             d_req_id: p.d_req_id.clone(),
@@ -515,13 +666,20 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
                         ));
                         false
                     }
-                    SlotState::Placeholder { .. } => true,
+                    SlotState::Placeholder { .. } => {
+                        s.need_send.get_or_insert(plan.need_send);
+                        true
+                    }
                 },
-                None => {
+                _ if now < unknown_deadline => {
+                    waiting_unknown = true;
+                    true
+                }
+                _ => {
                     failed.push((
                         p.d_req_id.clone(),
                         format!(
-                            "transfer {} is unknown: already sent, released or expired",
+                            "transfer {} is unknown to this prefill worker (never started, or already sent, released or expired)",
                             p.transfer_id
                         ),
                     ));
@@ -564,7 +722,16 @@ async fn serve_pull(inner: Arc<Inner>, meta: XferMetadata, plan: MessagePlan, mu
             deadline = tokio::time::Instant::now() + abort;
             continue;
         }
-        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+        let wake = if waiting_unknown {
+            deadline.min(unknown_deadline)
+        } else {
+            deadline
+        };
+        if tokio::time::timeout_at(wake, notified).await.is_err() && wake < deadline {
+            // The grace for unknown ids ran out: fail them on the next pass.
+            continue;
+        }
+        if tokio::time::Instant::now() >= deadline {
             let err_reqs: Vec<String> = pending.iter().map(|p| p.d_req_id.clone()).collect();
             tracing::warn!(target: "mooncake_connector::producer",
                 "timeout waiting for P side ready: {err_reqs:?} from {session}");

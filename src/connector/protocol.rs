@@ -56,6 +56,216 @@ pub struct XferMetadata {
     pub remote_pp_size: u64,
 }
 
+/// Largest TP size a pull may name.
+pub const MAX_TP_SIZE: u64 = 1024;
+/// Largest PP size a pull may name.
+pub const MAX_PP_SIZE: u64 = 64;
+/// Most requests one pull may carry.
+pub const MAX_REQS_PER_PULL: usize = 4096;
+/// Most KV-cache groups one request may name.
+pub const MAX_GROUPS: usize = 64;
+/// Most KV regions a pull may describe.
+pub const MAX_REGIONS: usize = 4096;
+/// Longest id or layer name.
+pub const MAX_ID_LEN: usize = 256;
+/// Largest per-block stride.
+pub const MAX_BLOCK_LEN: u64 = 1 << 40;
+
+/// What the receiving worker knows that bounds a pull.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PullBounds {
+    /// Blocks per region on this worker: no request can name more.
+    pub num_blocks: u64,
+    /// KV-cache groups on this worker.
+    pub num_groups: usize,
+}
+
+fn invalid(field: &str, why: impl std::fmt::Display) -> ConnectorError {
+    ConnectorError::new(
+        ConnectorErrorCode::Protocol,
+        format!("invalid field {field}: {why}"),
+    )
+}
+
+fn check_id(field: &str, v: &str) -> Result<(), ConnectorError> {
+    if v.is_empty() || v.len() > MAX_ID_LEN {
+        return Err(invalid(
+            field,
+            format!("length {} is not in 1..={MAX_ID_LEN}", v.len()),
+        ));
+    }
+    Ok(())
+}
+
+impl XferMetadata {
+    /// Checks every field against sane limits and against each other before
+    /// anything is allocated or computed from them; the error names the
+    /// field.
+    pub fn validate(&self, b: &PullBounds) -> Result<(), ConnectorError> {
+        let h = &self.remote_hostname;
+        if h.is_empty()
+            || h.len() > 253
+            || !h
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b".-:_[]%".contains(&c))
+        {
+            return Err(invalid(
+                "remote_hostname",
+                format!("{:?} is not a host name or IP address", truncate(h)),
+            ));
+        }
+        if !(1..=65535).contains(&self.remote_port) {
+            return Err(invalid(
+                "remote_port",
+                format!("{} is not a port", self.remote_port),
+            ));
+        }
+        if !(1..=MAX_TP_SIZE).contains(&self.remote_tp_size) {
+            return Err(invalid(
+                "remote_tp_size",
+                format!("{} is not in 1..={MAX_TP_SIZE}", self.remote_tp_size),
+            ));
+        }
+        if self.remote_tp_rank >= self.remote_tp_size {
+            return Err(invalid(
+                "remote_tp_rank",
+                format!(
+                    "{} is not below remote_tp_size {}",
+                    self.remote_tp_rank, self.remote_tp_size
+                ),
+            ));
+        }
+        if !(1..=MAX_PP_SIZE).contains(&self.remote_pp_size) {
+            return Err(invalid(
+                "remote_pp_size",
+                format!("{} is not in 1..={MAX_PP_SIZE}", self.remote_pp_size),
+            ));
+        }
+        let n = self.kv_caches_base_addr.len();
+        if n == 0 || n > MAX_REGIONS {
+            return Err(invalid(
+                "kv_caches_base_addr",
+                format!("{n} regions is not in 1..={MAX_REGIONS}"),
+            ));
+        }
+        for (field, len) in [
+            ("block_lens", self.block_lens.len()),
+            ("kv_block_lens", self.kv_block_lens.len()),
+        ] {
+            if len != n {
+                return Err(invalid(field, format!("{len} entries for {n} regions")));
+            }
+        }
+        for (field, len) in [
+            ("registered_layer_names", self.registered_layer_names.len()),
+            (
+                "registered_layer_indices",
+                self.registered_layer_indices.len(),
+            ),
+            (
+                "registered_group_indices",
+                self.registered_group_indices.len(),
+            ),
+        ] {
+            if len != 0 && len != n {
+                return Err(invalid(field, format!("{len} entries for {n} regions")));
+            }
+        }
+        if let Some(name) = self
+            .registered_layer_names
+            .iter()
+            .find(|s| s.len() > MAX_ID_LEN)
+        {
+            return Err(invalid(
+                "registered_layer_names",
+                format!("a name of {} bytes (limit {MAX_ID_LEN})", name.len()),
+            ));
+        }
+        for i in 0..n {
+            let (bl, kv) = (self.block_lens[i], self.kv_block_lens[i]);
+            if !(1..=MAX_BLOCK_LEN).contains(&bl) {
+                return Err(invalid(
+                    "block_lens",
+                    format!("region {i}: {bl} is not in 1..={MAX_BLOCK_LEN}"),
+                ));
+            }
+            if kv == 0 || kv > bl {
+                return Err(invalid(
+                    "kv_block_lens",
+                    format!("region {i}: {kv} is not in 1..=block_len {bl}"),
+                ));
+            }
+        }
+        if self.req_blocks.len() > MAX_REQS_PER_PULL {
+            return Err(invalid(
+                "req_blocks",
+                format!(
+                    "{} requests (limit {MAX_REQS_PER_PULL})",
+                    self.req_blocks.len()
+                ),
+            ));
+        }
+        let groups = b.num_groups.max(1);
+        let mut per_group = vec![0u64; groups];
+        let mut max_id = 0u64;
+        let mut transfer_ids = std::collections::HashSet::new();
+        for (d_req_id, (transfer_id, blocks)) in &self.req_blocks {
+            check_id("req_blocks (request id)", d_req_id)?;
+            check_id("req_blocks (transfer id)", transfer_id)?;
+            if !transfer_ids.insert(transfer_id.as_str()) {
+                return Err(invalid(
+                    "req_blocks",
+                    format!("transfer id {:?} appears twice", truncate(transfer_id)),
+                ));
+            }
+            if blocks.len() > groups.min(MAX_GROUPS) {
+                return Err(invalid(
+                    "req_blocks",
+                    format!(
+                        "request {:?} names {} KV-cache groups; this worker has {groups}",
+                        truncate(d_req_id),
+                        blocks.len()
+                    ),
+                ));
+            }
+            for (g, ids) in blocks.iter().enumerate() {
+                per_group[g] += ids.len() as u64;
+                if per_group[g] > b.num_blocks {
+                    return Err(invalid(
+                        "req_blocks",
+                        format!(
+                            "more than {} block ids in group {g} (this worker's block count)",
+                            b.num_blocks
+                        ),
+                    ));
+                }
+                max_id = ids.iter().copied().fold(max_id, u64::max);
+            }
+        }
+        // Every destination block must lie inside the address space.
+        for i in 0..n {
+            let end = max_id
+                .checked_add(1)
+                .and_then(|x| x.checked_mul(self.block_lens[i]))
+                .and_then(|x| x.checked_add(self.kv_caches_base_addr[i]));
+            if end.is_none() {
+                return Err(invalid(
+                    "req_blocks",
+                    format!("block id {max_id} overflows region {i}'s addresses"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn truncate(s: &str) -> &str {
+    match s.char_indices().nth(64) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
 /// `MooncakeXferResponse.status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum XferStatus {

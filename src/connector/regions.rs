@@ -101,6 +101,14 @@ impl KvLayout {
         })
     }
 
+    /// Distinct KV-cache groups (at least 1).
+    pub fn num_groups(&self) -> usize {
+        let mut g: Vec<i64> = self.regions.iter().map(|r| r.group_index).collect();
+        g.sort_unstable();
+        g.dedup();
+        g.len().max(1)
+    }
+
     /// Writes this (consumer) layout into a pull message.
     pub fn fill_metadata(&self, m: &mut XferMetadata) {
         m.remote_tp_size = self.tp_size as u64;
@@ -291,7 +299,7 @@ pub fn contiguous_runs(src: &[u64], dst: &[u64]) -> Vec<(u64, u64, u64)> {
     let mut out: Vec<(u64, u64, u64)> = Vec::new();
     for (&s, &t) in src.iter().zip(dst) {
         if let Some(last) = out.last_mut() {
-            if s == last.0 + last.2 && t == last.1 + last.2 {
+            if last.0.checked_add(last.2) == Some(s) && last.1.checked_add(last.2) == Some(t) {
                 last.2 += 1;
                 continue;
             }
@@ -364,19 +372,37 @@ pub fn request_descriptors(
                 ))
             })?;
         let (src_ids, dst_ids) = &blocks[group];
+        // Destination block ids come from the peer: every address is
+        // computed with overflow checks.
+        let addr = |base: u64, id: u64, stride: u64, off: u64, len: u64| {
+            id.checked_mul(stride)
+                .and_then(|x| x.checked_add(base))
+                .and_then(|x| x.checked_add(off))
+                .filter(|x| x.checked_add(len).is_some())
+                .ok_or_else(|| {
+                    layout_err(format!(
+                        "block {id} of region {:?} is outside the address space",
+                        pr.layer_name
+                    ))
+                })
+        };
         if plan.whole_blocks {
             for (s, t, n) in contiguous_runs(src_ids, dst_ids) {
+                let len = plan
+                    .len
+                    .checked_mul(n)
+                    .ok_or_else(|| layout_err(format!("a run of {n} blocks is too long")))?;
                 out.push(Descriptor {
-                    src: pr.base + s * pr.block_len,
-                    dst: dr.base + t * dr.block_len,
-                    len: plan.len * n,
+                    src: addr(pr.base, s, pr.block_len, 0, len)?,
+                    dst: addr(dr.base, t, dr.block_len, 0, len)?,
+                    len,
                 });
             }
         } else {
             for (&s, &t) in src_ids.iter().zip(dst_ids) {
                 out.push(Descriptor {
-                    src: pr.base + s * pr.block_len + plan.src_offset,
-                    dst: dr.base + t * dr.block_len + plan.dst_offset,
+                    src: addr(pr.base, s, pr.block_len, plan.src_offset, plan.len)?,
+                    dst: addr(dr.base, t, dr.block_len, plan.dst_offset, plan.len)?,
                     len: plan.len,
                 });
             }

@@ -17,7 +17,7 @@ pub struct ServeArgs {
 }
 
 const USAGE: &str = "flags: [--host H] [--port P] [--kv-transfer-config JSON] [--tp N] [--layers N] [--heads N] \
-[--head-size N] [--block-size N] [--num-blocks N] [--max-num-seqs N] [--prefill-us-per-token N] [--model NAME]
+[--head-size N] [--block-size N] [--num-blocks N] [--max-num-seqs N] [--prefill-us-per-token N] [--remote-decode-block-budget N] [--model NAME]
 env: VLLM_MOONCAKE_BOOTSTRAP_PORT, VLLM_MOONCAKE_CONNECTOR_TIMEOUT, VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, VLLM_HOST_IP";
 
 impl ServeArgs {
@@ -34,6 +34,7 @@ impl ServeArgs {
         let mut tp = 1usize;
         let mut max_num_seqs = 64usize;
         let mut us_per_token = 0u64;
+        let mut budget: Option<usize> = None;
         let mut model_name = "mooncake-rs-sim".to_string();
         let mut i = 0;
         while i < args.len() {
@@ -63,6 +64,7 @@ impl ServeArgs {
                 "--num-blocks" => spec.num_blocks = num(val)?,
                 "--max-num-seqs" => max_num_seqs = num(val)?,
                 "--prefill-us-per-token" => us_per_token = num(val)? as u64,
+                "--remote-decode-block-budget" => budget = Some(num(val)?),
                 "--model" => model_name = val?,
                 "-h" | "--help" => return Err(USAGE.into()),
                 other => return Err(format!("unknown flag {other}\n{USAGE}")),
@@ -72,6 +74,8 @@ impl ServeArgs {
         let kv = KvTransferConfig::from_json(&kv_json).map_err(|e| e.to_string())?;
         let env = ConnectorEnv::from_env().map_err(|e| e.to_string())?;
         spec.validate(tp)?;
+        // Default: half the cache may wait for remote decoders.
+        let budget = budget.unwrap_or(spec.num_blocks.div_ceil(2));
         Ok(Self {
             host,
             port,
@@ -84,6 +88,7 @@ impl ServeArgs {
                 model_name,
                 max_num_seqs,
                 prefill_time_per_token: Duration::from_micros(us_per_token),
+                remote_decode_block_budget: budget,
             },
         })
     }

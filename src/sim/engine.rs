@@ -43,6 +43,10 @@ pub struct SimEngineConfig {
     pub max_num_seqs: usize,
     /// Simulated prefill compute time per prompt token.
     pub prefill_time_per_token: Duration,
+    /// Most KV blocks prefill requests may hold for remote decoders at once
+    /// (`--remote-decode-block-budget`); a prefill leg beyond it is answered
+    /// 503 instead of starving the scheduler.
+    pub remote_decode_block_budget: usize,
 }
 
 /// `kv_transfer_params` of a request (vLLM's keys).
@@ -138,6 +142,7 @@ struct Rank {
 struct Held {
     ranks_left: usize,
     blocks: Vec<u64>,
+    since: Instant,
 }
 
 /// A running simulated engine.
@@ -149,6 +154,10 @@ pub struct SimEngine {
     stats: Arc<ConnectorStats>,
     bootstrap: Option<BootstrapServer>,
     held: Mutex<HashMap<String, Held>>,
+    // Blocks reserved against the remote-decode budget (held, or being
+    // prefilled for a decoder).
+    remote_reserved: Mutex<usize>,
+    budget_refusals: std::sync::atomic::AtomicU64,
     started: Instant,
     aborted_prefills: std::sync::atomic::AtomicU64,
     released_decodes: std::sync::atomic::AtomicU64,
@@ -201,13 +210,14 @@ impl SimEngine {
                         format!("{}:{}", cfg.env.host_ip, cfg.env.bootstrap_port)
                             .parse()
                             .map_err(|e| ConnectorError::config("VLLM_HOST_IP", e))?;
-                    let s = BootstrapServer::start(
+                    let s = BootstrapServer::start_with_token(
                         bind,
                         Some(ExpectedTopology {
                             dp_size: 1,
                             tp_size: cfg.tp as u32,
                             pp_size: 1,
                         }),
+                        cfg.env.bootstrap_token.clone(),
                     )
                     .await?;
                     let url = s.url();
@@ -215,7 +225,8 @@ impl SimEngine {
                     url
                 }
             };
-            let client = BootstrapClient::new(cfg.env.connector_timeout, RetryPolicy::default());
+            let client = BootstrapClient::new(cfg.env.connector_timeout, RetryPolicy::default())
+                .with_token(cfg.env.bootstrap_token.clone());
             for (rank, r) in ranks.iter().enumerate() {
                 let p = r.producer.as_ref().expect("producer");
                 let req = RegisterRequest {
@@ -224,6 +235,10 @@ impl SimEngine {
                     tp_rank: rank as u32,
                     pp_rank: 0,
                     addr: p.side_channel_addr().to_string(),
+                    // vLLM's newer server needs tp_size for TP > 1.
+                    tp_size: Some(cfg.tp as u32),
+                    pp_size: Some(1),
+                    dp_size: None,
                 };
                 client.register(&url, &req).await?;
             }
@@ -238,6 +253,8 @@ impl SimEngine {
             stats,
             bootstrap,
             held: Mutex::new(HashMap::new()),
+            remote_reserved: Mutex::new(0),
+            budget_refusals: Default::default(),
             started: Instant::now(),
             aborted_prefills: Default::default(),
             released_decodes: Default::default(),
@@ -277,10 +294,56 @@ impl SimEngine {
             "blocks_total": self.pool.total(),
             "blocks_free": self.pool.available(),
             "requests_holding_kv": self.held.lock().unwrap().len(),
+            "remote_decode_blocks_held": *self.remote_reserved.lock().unwrap(),
+            "remote_decode_block_budget": self.cfg.remote_decode_block_budget,
+            "remote_decode_budget_refusals": self.budget_refusals.load(Ordering::Relaxed),
+            "held_kv": self.held_kv(),
             "aborted_prefills": self.aborted_prefills.load(Ordering::Relaxed),
             "released_decodes": self.released_decodes.load(Ordering::Relaxed),
             "uptime_s": self.started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// The requests holding KV for decoders: blocks and age, oldest first
+    /// (at most 32 listed).
+    fn held_kv(&self) -> Value {
+        let held = self.held.lock().unwrap();
+        let mut v: Vec<(&String, &Held)> = held.iter().collect();
+        v.sort_by_key(|(_, h)| h.since);
+        let oldest = v
+            .first()
+            .map_or(0.0, |(_, h)| h.since.elapsed().as_secs_f64());
+        let list: Vec<Value> = v
+            .iter()
+            .take(32)
+            .map(|(id, h)| json!({"request": id, "blocks": h.blocks.len(), "age_s": h.since.elapsed().as_secs_f64()}))
+            .collect();
+        json!({"oldest_age_s": oldest, "requests": list})
+    }
+
+    /// Reserves `n` blocks of the remote-decode budget, or says why not.
+    fn reserve_remote(&self, n: usize) -> Result<(), GenerateError> {
+        let mut r = self.remote_reserved.lock().unwrap();
+        let budget = self.cfg.remote_decode_block_budget;
+        if *r + n > budget {
+            self.budget_refusals.fetch_add(1, Ordering::Relaxed);
+            return Err(GenerateError {
+                status: 503,
+                kind: "kv_budget_exhausted",
+                message: format!(
+                    "{} of {budget} KV blocks are held for remote decoders; this request needs {n} more \
+                     (--remote-decode-block-budget); retry later",
+                    *r
+                ),
+            });
+        }
+        *r += n;
+        Ok(())
+    }
+
+    fn release_remote(&self, n: usize) {
+        let mut r = self.remote_reserved.lock().unwrap();
+        *r = r.saturating_sub(n);
     }
 
     fn rank_done(&self, p_req_id: &str) {
@@ -292,6 +355,7 @@ impl SimEngine {
         if h.ranks_left == 0 {
             let h = held.remove(p_req_id).expect("present");
             self.pool.free(&h.blocks);
+            self.release_remote(h.blocks.len());
         }
     }
 
@@ -448,11 +512,16 @@ impl SimEngine {
         transfer_id: Option<String>,
         cancelled: Arc<AtomicBool>,
     ) -> Result<GenerateOutput, GenerateError> {
-        let blocks = self
-            .pool
-            .allocate(self.cfg.spec.blocks_for(tokens.len()))
-            .await
-            .expect("fits, checked");
+        let needed = self.cfg.spec.blocks_for(tokens.len());
+        if transfer_id.is_some() {
+            self.reserve_remote(needed)?;
+        }
+        if let Some(tid) = &transfer_id {
+            for r in &self.ranks {
+                r.producer.as_ref().expect("producer").request_started(tid);
+            }
+        }
+        let blocks = self.pool.allocate(needed).await.expect("fits, checked");
         let (tokens, blocks) = (Arc::new(tokens), Arc::new(blocks));
         self.compute(tokens.clone(), blocks.clone()).await;
         let digest = model::expected_digest(&self.cfg.spec, &tokens);
@@ -472,6 +541,7 @@ impl SimEngine {
                 r.producer.as_ref().expect("producer").request_aborted(&tid);
             }
             self.pool.free(&blocks);
+            self.release_remote(blocks.len());
             self.aborted_prefills.fetch_add(1, Ordering::Relaxed);
             return Err(GenerateError {
                 status: 499,
@@ -485,6 +555,7 @@ impl SimEngine {
             Held {
                 ranks_left: self.ranks.len(),
                 blocks: blocks.to_vec(),
+                since: Instant::now(),
             },
         );
         for r in &self.ranks {
@@ -506,6 +577,22 @@ impl SimEngine {
         transfer_id: String,
         cancelled: Arc<AtomicBool>,
     ) -> Result<GenerateOutput, GenerateError> {
+        // Find the prefill engine first (bounded): an unreachable or silent
+        // bootstrap server is a 503 naming it, not a KV failure.
+        // With the recompute policy the request goes on and recomputes.
+        let mut lookup_failure = None;
+        if let Some(c) = self.ranks.first().and_then(|r| r.consumer.as_ref()) {
+            if let Err(e) = c.lookup(&bootstrap, &engine_id).await {
+                if self.cfg.kv.kv_load_failure_policy == LoadFailurePolicy::Fail {
+                    return Err(GenerateError {
+                        status: 503,
+                        kind: "bootstrap_unavailable",
+                        message: e.detail,
+                    });
+                }
+                lookup_failure = Some(e.detail);
+            }
+        }
         let d_req_id = format!("{}-{:08x}", req.request_id, rand_u32());
         // Scheduling: a sequence slot and blocks. A request whose client
         // leaves before that tells the prefiller to release its blocks.
@@ -539,7 +626,40 @@ impl SimEngine {
             transfer_id: transfer_id.clone(),
             blocks: vec![blocks.clone()],
         };
-        let failure = self.pull_all(&bootstrap, &engine_id, pull).await;
+        let failure = match lookup_failure {
+            Some(why) => Some(why),
+            None => {
+                // A client that leaves mid-pull: release the prefiller's
+                // blocks at once (an empty pull, vLLM's own release). Our
+                // prefiller then ends the waiting pull without writing; the
+                // blocks here are freed only once that pull has ended, so
+                // nothing can write into them afterwards (with a vLLM
+                // prefiller that is when it writes or times out).
+                let release = PullRequest {
+                    d_req_id: pull.d_req_id.clone(),
+                    transfer_id: transfer_id.clone(),
+                    blocks: vec![vec![]],
+                };
+                let pulling = self.pull_all(&bootstrap, &engine_id, pull);
+                tokio::pin!(pulling);
+                let gone = async {
+                    while !cancelled.load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                };
+                tokio::select! {
+                    f = &mut pulling => f,
+                    () = gone => {
+                        tracing::info!(target: "mooncake_connector::sim", request = %req.request_id, transfer = %transfer_id,
+                            "client left during the KV pull; releasing the prefiller's blocks");
+                        self.released_decodes.fetch_add(1, Ordering::Relaxed);
+                        let _ = tokio::join!(self.pull_all(&bootstrap, &engine_id, release), &mut pulling);
+                        self.pool.free(&blocks);
+                        return Err(GenerateError { status: 499, kind: "aborted", message: "client disconnected".into() });
+                    }
+                }
+            }
+        };
         let result = match failure {
             None => self
                 .verify_kv(&tokens, &blocks)

@@ -21,6 +21,7 @@ pub fn env(abort_secs: u64) -> ConnectorEnv {
         connector_timeout: Duration::from_secs(5),
         abort_request_timeout: Duration::from_secs(abort_secs),
         host_ip: "127.0.0.1".into(),
+        ..ConnectorEnv::default()
     }
 }
 
@@ -97,6 +98,8 @@ impl Prefill {
                 tp_rank: rank as u32,
                 pp_rank: 0,
                 addr: producer.side_channel_addr().to_string(),
+                tp_size: Some(tp as u32),
+                ..Default::default()
             };
             client.register(&bootstrap.url(), &req).await.unwrap();
             ranks.push((ctx, producer));
