@@ -1,4 +1,4 @@
-#include "transport/tcp/cma.h"
+#include "transport/samehost/cma.h"
 
 #include <fcntl.h>
 #include <sys/random.h>
