@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 
 namespace mcrs {
 
@@ -43,6 +44,15 @@ int cma_read(pid_t pid, uint64_t remote, void *local, size_t len) {
 int cma_write(pid_t pid, uint64_t remote, const void *local, size_t len) {
     return cma_loop(remote, const_cast<char *>(static_cast<const char *>(local)), len,
                     [pid](iovec *l, iovec *r) { return ::process_vm_writev(pid, l, 1, r, 1, 0); });
+}
+
+int cma_check_access(pid_t pid) {
+    char path[64];
+    std::snprintf(path, sizeof path, "/proc/%d/mem", static_cast<int>(pid));
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    ::close(fd);
+    return 0;
 }
 
 bool random_bytes(void *out, size_t len) {

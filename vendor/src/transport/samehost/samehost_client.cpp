@@ -80,9 +80,11 @@ public:
             if (stopping_ && joined_) return;
             stopping_ = true;
             left.swap(queue_);
-            for (auto &l : lanes_)
-                if (l.fd.valid()) ::shutdown(l.fd.get(), SHUT_RDWR);
         }
+        // Runs in flight are not cut short: the target may be copying into
+        // their memory until it answers, so each lane waits for its
+        // statuses (bounded by the progress timeout) before it lets go of
+        // the items and their pins.
         cv_.notify_all();
         for (auto &it : left) it.fail("the engine is shutting down");
         for (auto &l : lanes_)
@@ -93,7 +95,7 @@ public:
 
 private:
     struct Lane {
-        Fd fd;  // replaced under mu_ only (stop() shuts it down)
+        Fd fd;  // its lane's own
         Clock::time_point last_use{};
         std::thread thread;
     };

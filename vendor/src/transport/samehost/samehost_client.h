@@ -48,7 +48,9 @@ public:
     // Items of a target that refused us go to `fallback` (now, or later
     // from a lane thread). Never blocks on the target.
     void submit(const std::string &socket_name, std::vector<TransferItem> &items, Fallback fallback);
-    // Fails everything queued or in flight and joins all threads.
+    // Fails everything queued, waits for the statuses of requests in flight
+    // (the target may be copying into our memory until it answers; bounded
+    // by the progress timeout) and joins all threads.
     void stop();
     // Requests sent on the same-host path.
     uint64_t requests_sent() const { return sent_.load(std::memory_order_relaxed); }

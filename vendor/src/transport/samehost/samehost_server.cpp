@@ -111,8 +111,21 @@ void SameHostServer::serve(Session *s) {
     unsigned char in[kBatch * kSameHostRequestLen];
     unsigned char out[kBatch * kSameHostStatusLen];
     size_t have = 0;
+    // The kernel must also let us copy to and from it (ptrace rules: e.g. a
+    // non-dumpable peer). If not, no greeting: the peer falls back to TCP.
+    // Checked here rather than at accept: it touches /proc.
+    if (int err = cma_check_access(s->pid)) {
+        refused_.fetch_add(1);
+        MC_LOG(Info, "same-host server: refused pid " << s->pid
+                                                      << ": cannot attach to it for copies: " << errno_string(err));
+        ::shutdown(fd, SHUT_RDWR);
+        s->done.store(true);
+        return;
+    }
     encode_samehost_status(kSameHostOk, out);
-    bool ok = send_all(fd, out, kSameHostStatusLen).ok();  // the greeting
+    // The greeting; a pid reused between the attestation and the check
+    // above shows up here as an exited pidfd.
+    bool ok = pidfd_alive(s->pidfd.get()) && send_all(fd, out, kSameHostStatusLen).ok();
     while (ok && !stopping_.load()) {
         if (have < kSameHostRequestLen) {
             // Idle between requests, bounded progress inside one.
