@@ -397,7 +397,6 @@ TEST(tcp_data_port_refuses_the_old_same_host_hello) {
     REQUIRE_EQ(registerLocalMemory(t, open.data(), open.size, "cpu:0", 1), 0);
     REQUIRE_EQ(registerLocalMemory(t, secret.data(), secret.size, "cpu:0", 0), 0);
     const uint64_t slot = open.addr() + 1024;  // remote-writable: the attacker's proof slot
-    std::string nonce;
     {
         RawConn c(data_port(t));
         REQUIRE(c.fd >= 0);
@@ -409,18 +408,32 @@ TEST(tcp_data_port_refuses_the_old_same_host_hello) {
         // Today: a READ of 16 bytes at address 0, rejected, closed.
         CHECK(got == le64(mcrs::encode_tcp_status(mcrs::kTcpStatusRejected)));
         CHECK(got.size() < 8 + mcrs::kCmaNonceLen);  // no nonce
-        if (got.size() == 8 + mcrs::kCmaNonceLen) nonce = got.substr(8);
-    }
-    if (!nonce.empty()) {
-        // The old server handed out a nonce: finish the attack, so that the
-        // test shows what it would have let through.
-        RawConn w(data_port(t));
-        std::string h(mcrs::kTcpHeaderLen, '\0');
-        std::memcpy(&h[0], le64(nonce.size()).data(), 8);
-        std::memcpy(&h[8], le64(slot).data(), 8);
-        h[16] = static_cast<char>(mcrs::kTcpOpWrite | mcrs::kTcpV2Flag);
-        w.send_bytes(h + nonce);
-        w.read_some(8);
+        if (got.size() == 8 + mcrs::kCmaNonceLen) {
+            // A server that hands out the nonce: finish the attack, to show
+            // what it lets through. The nonce goes into the slot by a plain
+            // TCP WRITE, the proof passes, and a CMA READ copies the secret
+            // into the open buffer, where any TCP peer can read it.
+            RawConn w(data_port(t));
+            std::string wh(mcrs::kTcpHeaderLen, '\0');
+            std::memcpy(&wh[0], le64(mcrs::kCmaNonceLen).data(), 8);
+            std::memcpy(&wh[8], le64(slot).data(), 8);
+            wh[16] = static_cast<char>(mcrs::kTcpOpWrite | mcrs::kTcpV2Flag);
+            w.send_bytes(wh + got.substr(8));
+            w.read_some(8);
+            std::string ph(mcrs::kTcpHeaderLen, '\0');
+            ph[16] = static_cast<char>(mcrs::kTcpOpCmaProof);
+            c.send_bytes(ph);
+            std::string proof = c.read_some(8);
+            // CMA WRITE: the target copies from "the initiator" (itself,
+            // at the secret) into a registered buffer.
+            std::string rh2(mcrs::kTcpHeaderLen, '\0');
+            std::memcpy(&rh2[0], le64(64).data(), 8);
+            std::memcpy(&rh2[8], le64(open.addr() + 8192).data(), 8);
+            rh2[16] = static_cast<char>(mcrs::kTcpOpCmaWrite);
+            c.send_bytes(rh2 + le64(secret.addr()));
+            std::fprintf(stderr, "    the old hello got a nonce; proof answer %zu bytes; CMA answer %zu bytes\n",
+                         proof.size(), c.read_some(8).size());
+        }
     }
     {
         // A CMA READ header naming the local-only secret: rejected, closed.
@@ -435,6 +448,7 @@ TEST(tcp_data_port_refuses_the_old_same_host_hello) {
         CHECK(got == le64(mcrs::encode_tcp_status(mcrs::kTcpStatusRejected)));
     }
     for (size_t k = 0; k < secret.size; ++k) REQUIRE_EQ(secret.data()[k], 's');
+    CHECK(std::memchr(open.data(), 's', open.size) == nullptr);  // no secret leaked
     for (size_t k = 0; k < open.size; ++k) REQUIRE_EQ(open.data()[k], 'o');
     CHECK(open.canaries_intact());
     CHECK(secret.canaries_intact());
