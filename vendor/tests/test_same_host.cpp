@@ -73,7 +73,9 @@ int one(transfer_engine_t e, int op, void *local, segment_id_t seg, uint64_t rem
     mc_batch_wait(e, b, 20000);
     transfer_status st{};
     getTransferStatus(e, b, 0, &st);
-    if (why) *why = error_of(e, b, 0);
+    std::string w = error_of(e, b, 0);
+    if (st.status == STATUS_FAILED && !why) std::fprintf(stderr, "    (task failed: %s)\n", w.c_str());
+    if (why) *why = w;
     freeBatchID(e, b);
     return st.status;
 }

@@ -209,7 +209,8 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
             sc.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
             sc.lanes_per_peer = cfg_.tcp_lanes_per_peer;
             sc.pipeline_depth = cfg_.tcp_pipeline_depth;
-            same_host_client_ = std::make_unique<SameHostClient>(sc);
+            same_host_client_ = std::make_unique<SameHostClient>(
+                sc, [this](const SegmentDesc &d, std::vector<TransferItem> &refused) { send_tcp(d, refused); });
         } catch (const Error &e) {
             MC_LOG(Warn, "same-host transport unavailable, using TCP only: " << e.what());
         }
@@ -603,9 +604,7 @@ void TransferEngine::send_host(const std::shared_ptr<const SegmentDesc> &desc, s
         else via_tcp.push_back(std::move(it));
     }
     if (!via_tcp.empty()) send_tcp(d, via_tcp);
-    if (!via_same.empty())
-        same_host_client_->submit(d.same_host_socket, via_same,
-                                  [this, desc](std::vector<TransferItem> &refused) { send_tcp(*desc, refused); });
+    if (!via_same.empty()) same_host_client_->submit(desc, via_same);
     via_same.clear();
     via_tcp.clear();
 }

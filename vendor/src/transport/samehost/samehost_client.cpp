@@ -46,26 +46,26 @@ bool closed_by_peer(int fd) {
 
 class SameHostClient::Peer {
 public:
-    Peer(std::string name, const SameHostClientOptions &opt, std::atomic<uint64_t> &sent)
-        : name_(std::move(name)), opt_(opt), sent_(sent), lanes_(opt.lanes_per_peer ? opt.lanes_per_peer : 1) {
+    Peer(std::shared_ptr<const SegmentDesc> desc, const SameHostClientOptions &opt, const Fallback &fallback,
+         std::atomic<uint64_t> &sent)
+        : desc_(std::move(desc)), name_(desc_->same_host_socket), opt_(opt), fallback_(fallback), sent_(sent),
+          lanes_(opt.lanes_per_peer ? opt.lanes_per_peer : 1) {
         for (auto &l : lanes_) l.thread = std::thread([this, &l] { run(l); });
     }
     ~Peer() { stop(); }
 
     const std::string &name() const { return name_; }
 
-    void submit(std::vector<TransferItem> &items, Fallback fallback) {
+    void submit(std::vector<TransferItem> &items) {
         std::unique_lock<std::mutex> lk(mu_);
-        fallback_ = std::move(fallback);
         if (stopping_) {
             lk.unlock();
             for (auto &it : items) it.fail("the engine is shutting down");
             return;
         }
         if (refused_) {
-            Fallback f = fallback_;
             lk.unlock();
-            f(items);
+            fallback_(*desc_, items);
             return;
         }
         for (auto &it : items) queue_.push_back(std::move(it));
@@ -154,21 +154,17 @@ private:
     // Remembers the refusal, and sends this run and everything queued to
     // the fallback.
     void refuse(std::vector<TransferItem> &run, const std::string &why) {
-        Fallback f;
         {
             std::lock_guard<std::mutex> g(mu_);
             if (!refused_)
                 MC_LOG(Info, "same-host path to " << name_ << " unavailable (" << why << "); using TCP");
             refused_ = true;
-            f = fallback_;
             while (!queue_.empty()) {
                 run.push_back(std::move(queue_.front()));
                 queue_.pop_front();
             }
         }
-        if (f) f(run);
-        else
-            for (auto &it : run) it.fail(describe(it) + " failed: " + why);
+        fallback_(*desc_, run);
     }
 
     void run(Lane &l) {
@@ -265,24 +261,27 @@ private:
         drop(l);
     }
 
+    const std::shared_ptr<const SegmentDesc> desc_;  // as first seen
     const std::string name_;
     const SameHostClientOptions opt_;
+    const Fallback &fallback_;  // the client's, which outlives its peers
     std::atomic<uint64_t> &sent_;
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<TransferItem> queue_;
-    Fallback fallback_;
     bool stopping_ = false;
     bool joined_ = false;
     bool refused_ = false;
     std::vector<Lane> lanes_;
 };
 
-SameHostClient::SameHostClient(SameHostClientOptions opt) : opt_(opt) {}
+SameHostClient::SameHostClient(SameHostClientOptions opt, Fallback fallback)
+    : opt_(opt), fallback_(std::move(fallback)) {}
 
 SameHostClient::~SameHostClient() { stop(); }
 
-void SameHostClient::submit(const std::string &socket_name, std::vector<TransferItem> &items, Fallback fallback) {
+void SameHostClient::submit(const std::shared_ptr<const SegmentDesc> &desc, std::vector<TransferItem> &items) {
+    const std::string &socket_name = desc->same_host_socket;
     std::shared_ptr<Peer> peer;
     {
         std::lock_guard<std::mutex> g(mu_);
@@ -296,11 +295,11 @@ void SameHostClient::submit(const std::string &socket_name, std::vector<Transfer
                 break;
             }
         if (!peer) {
-            peer = std::make_shared<Peer>(socket_name, opt_, sent_);
+            peer = std::make_shared<Peer>(desc, opt_, fallback_, sent_);
             peers_.push_back(peer);
         }
     }
-    peer->submit(items, std::move(fallback));
+    peer->submit(items);
 }
 
 void SameHostClient::stop() {

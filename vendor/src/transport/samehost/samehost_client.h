@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/segment_descriptor.h"
 #include "transport/transport.h"
 
 namespace mcrs {
@@ -37,17 +38,19 @@ struct SameHostClientOptions {
 
 class SameHostClient {
 public:
-    using Fallback = std::function<void(std::vector<TransferItem> &)>;
+    // Where a refused target's items go (TCP), with its descriptor.
+    using Fallback = std::function<void(const SegmentDesc &, std::vector<TransferItem> &)>;
 
-    explicit SameHostClient(SameHostClientOptions opt);
+    SameHostClient(SameHostClientOptions opt, Fallback fallback);
     ~SameHostClient();
     SameHostClient(const SameHostClient &) = delete;
     SameHostClient &operator=(const SameHostClient &) = delete;
 
-    // Queues host-memory items for the target listening on `socket_name`.
-    // Items of a target that refused us go to `fallback` (now, or later
-    // from a lane thread). Never blocks on the target.
-    void submit(const std::string &socket_name, std::vector<TransferItem> &items, Fallback fallback);
+    // Queues host-memory items for the target of `desc` (its socket:
+    // desc->same_host_socket). Items of a target that refused us go to the
+    // fallback (now, or later from a lane thread). Never blocks on the
+    // target; allocates nothing once the target is known.
+    void submit(const std::shared_ptr<const SegmentDesc> &desc, std::vector<TransferItem> &items);
     // Fails everything queued, waits for the statuses of requests in flight
     // (the target may be copying into our memory until it answers; bounded
     // by the progress timeout) and joins all threads.
@@ -59,6 +62,7 @@ public:
 
 private:
     SameHostClientOptions opt_;
+    Fallback fallback_;
     std::mutex mu_;
     bool stopped_ = false;
     std::vector<std::shared_ptr<Peer>> peers_;
