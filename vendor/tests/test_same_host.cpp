@@ -48,6 +48,8 @@ uint64_t fnv(const char *p, size_t n) {
 EngineOptions same_host(bool on = true) {
     EngineOptions o;
     o.same_host = on;
+    // Sanitizer builds copy 16 MiB slowly; nothing here tests a timeout.
+    o.progress_timeout_ms = 60000;
     return o;
 }
 
