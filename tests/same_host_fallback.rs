@@ -1,7 +1,7 @@
-//! When the kernel refuses cross-memory attach between the two processes
-//! (another user, ptrace rules), the same-host path falls back to TCP: the
-//! target cannot verify our process, says so, and every transfer still
-//! completes, over TCP.
+//! When the same-host path cannot be used between the two processes
+//! (another user: refused on both sides of the Unix socket; ptrace rules
+//! forbid the target to attach to us: refused by the target before its
+//! greeting), it falls back to TCP and every transfer still completes.
 //!
 //! Its own test binary: when not run as root it makes this process
 //! non-dumpable, which other tests must not see.

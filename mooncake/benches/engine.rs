@@ -10,8 +10,11 @@
 //! - `submit_4k_x32`: the same over TCP (wall-clock);
 //! - `tcp_block_size`: TCP throughput by block size, 4 KiB to 16 MiB;
 //! - `tcp_batch_size`: TCP throughput by batch size, 1 to 256 (64 KiB);
-//! - `same_host_block_size`: the same-host path by block size (both
-//!   engines in one process: the cross-memory attach targets our own pid);
+//! - `same_host_block_size`: both engines with the same-host path on; as
+//!   they share this process, the target refuses that path by design (it
+//!   serves only other processes) and this measures the TCP fallback; the
+//!   same-host path itself is measured across two processes by
+//!   `examples/transfer_engine_bench.rs` (`scripts/perf_compare.py`);
 //! - `register_1gib`: registering and unregistering 1 GiB of host memory.
 //!
 //! Measurement times are short (`cargo bench -p mooncake` takes a few

@@ -250,12 +250,12 @@ impl EngineBuilder {
     /// The same-host CPU path (default on, or off with
     /// `MC_DISABLE_SAME_HOST_PATH`): when a peer engine runs in another
     /// process of this host, host memory moves by cross-memory attach
-    /// (`process_vm_readv`/`process_vm_writev`, one copy, no TCP payload)
-    /// once the target has verified the initiator's process with a
-    /// challenge. Upstream peers never advertise it and get plain TCP; so
-    /// do peers where the kernel refuses it (ptrace restrictions, another
-    /// user, another PID namespace or host). Off: this engine neither uses
-    /// nor offers it.
+    /// (`process_vm_readv`/`process_vm_writev`, one copy, no TCP payload),
+    /// over a Unix socket where the kernel attests the peer's identity
+    /// (same user, another process). Upstream peers never advertise it and
+    /// get plain TCP; so do engines of one process, other users, peers the
+    /// kernel does not let us attach to (ptrace rules), other PID
+    /// namespaces and hosts. Off: this engine neither uses nor offers it.
     pub fn same_host_path(mut self, on: bool) -> Self {
         self.same_host_path = Some(on);
         self

@@ -104,8 +104,9 @@ typedef struct mc_engine_config {
     uint64_t handshake_max_length;
     /* 1 = same-host CPU path: peers in another process on this host move
      * host memory by cross-memory attach (process_vm_readv/writev) instead
-     * of TCP payload, after proving who they are (protocol and trust model:
-     * docs/perf-notes.md); falls back to TCP when not permitted. 0 = TCP
+     * of TCP payload, over a Unix socket where the kernel attests who they
+     * are (same uid, another process; trust model: docs/perf-notes.md);
+     * falls back to TCP when refused. 0 = TCP
      * only, as initiator and as target (MC_DISABLE_SAME_HOST_PATH). */
     uint32_t enable_same_host;
 } mc_engine_config_t;

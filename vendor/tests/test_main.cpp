@@ -21,10 +21,12 @@ void record_failure(const char *file, int line, const std::string &what) {
 
 }  // namespace mctest
 
-int gpu_peer_main(int argc, char **argv);  // test_gpu.cpp
+int gpu_peer_main(int argc, char **argv);        // test_gpu.cpp
+int same_host_peer_main(int argc, char **argv);  // test_same_host.cpp
 
 int main(int argc, char **argv) {
     if (argc > 1 && std::strcmp(argv[1], "--gpu-peer") == 0) return gpu_peer_main(argc, argv);
+    if (argc > 1 && std::strcmp(argv[1], "--same-host-peer") == 0) return same_host_peer_main(argc, argv);
     const char *filter = argc > 1 ? argv[1] : nullptr;
     int failed_cases = 0, ran = 0;
     for (const auto &c : mctest::registry()) {

@@ -51,11 +51,14 @@ struct EngineConfig {
     // Same-host GPU path: advertise CUDA IPC handles for device buffers and
     // use peers' handles instead of TCP when both run on this host.
     bool enable_cuda_ipc = true;
-    // Same-host CPU path: between engines in two processes of this host,
-    // host memory moves by cross-memory attach (process_vm_readv/writev,
-    // done by the target after it has verified the initiator's pid), and
-    // only the request headers and status frames go over the TCP lane.
-    // Off: plain TCP (env MC_DISABLE_SAME_HOST_PATH).
+    // Same-host CPU path (transport/samehost; needs the TCP transport):
+    // between engines in two processes of this host, host memory moves by
+    // cross-memory attach (process_vm_readv/writev, done by the target).
+    // The target listens on a random abstract Unix socket named in its
+    // descriptor and serves only processes the kernel attests (SO_PEERCRED:
+    // same uid, another process; a pidfd checked before every copy); only
+    // requests and statuses cross the socket. Anyone else, and two engines
+    // of one process, use TCP. Off: plain TCP (env MC_DISABLE_SAME_HOST_PATH).
     bool enable_same_host = true;
     uint64_t max_notifications = 1u << 20;  // queued, not yet drained
 

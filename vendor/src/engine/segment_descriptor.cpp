@@ -3,10 +3,12 @@
 #include <sys/time.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 
 #include "common/error.h"
+#include "transport/samehost/peer_identity.h"
 
 namespace mcrs {
 
@@ -33,8 +35,8 @@ Json encode_segment_desc(const SegmentDesc &d) {
     j.set("rdma_server_name", d.rdma_server_name);
     j.set("timestamp", descriptor_timestamp());
     if (!d.host_id.empty()) j.set("mc_host_id", d.host_id);
-    if (d.pid != 0) j.set("mc_pid", d.pid);
-    if (d.same_host) j.set("mc_cma", 1);
+    if (!d.process_token.empty()) j.set("mc_process", d.process_token);
+    if (!d.same_host_socket.empty()) j.set("mc_same_host", d.same_host_socket);
     Json bufs = Json::array();
     bool rdma = d.protocol != "tcp";
     for (const auto &b : d.buffers) {
@@ -148,10 +150,18 @@ SegmentDesc decode_segment_desc(const Json &j) {
     }
     if (const Json *pm = j.find("priority_matrix")) d.priority_matrix = *pm;
     d.host_id = json_string_or(j, "mc_host_id", "");
-    if (const Json *p = j.find("mc_pid")) p->get_i64(d.pid);
-    if (const Json *p = j.find("mc_cma")) {
-        int64_t v = 0;
-        d.same_host = p->get_i64(v) && v == 1;
+    if (const Json *p = j.find("mc_process")) {
+        const std::string *s = p->get_string();
+        bool hex = s && !s->empty() && s->size() <= 64;
+        for (size_t i = 0; hex && i < s->size(); ++i) hex = std::isxdigit(static_cast<unsigned char>((*s)[i])) != 0;
+        if (!hex) bad("'mc_process' is not a short hex string");
+        d.process_token = *s;
+    }
+    if (const Json *p = j.find("mc_same_host")) {
+        const std::string *s = p->get_string();
+        if (!s || !valid_samehost_socket_name(*s))
+            bad("'mc_same_host' is not a socket name of at most 64 characters [A-Za-z0-9._-]");
+        d.same_host_socket = *s;
     }
     const Json *bufs = j.find("buffers");
     if (bufs) {

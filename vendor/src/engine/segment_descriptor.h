@@ -44,11 +44,14 @@ struct SegmentDesc {
     std::vector<BufferDesc> buffers;
     std::vector<DeviceDesc> devices;
     Json priority_matrix;  // kept verbatim (RDMA)
-    // Extension keys: which host and process own the segment.
-    std::string host_id;  // "mc_host_id"
-    int64_t pid = 0;      // "mc_pid"
-    // "mc_cma": the owner accepts same-host sessions (cross-memory attach).
-    bool same_host = false;
+    // Extension keys: which host owns the segment, and an opaque random
+    // token per process (CUDA IPC must not open its own handles); neither
+    // reveals a pid.
+    std::string host_id;        // "mc_host_id"
+    std::string process_token;  // "mc_process": 32 hex digits
+    // "mc_same_host": the abstract Unix socket name of the owner's
+    // same-host transport (transport/samehost); empty = not offered.
+    std::string same_host_socket;
     // Derived when decoding: the host-memory buffers, sorted by address,
     // as [addr, end) pairs (what the same-host path may target).
     std::vector<std::pair<uint64_t, uint64_t>> host_ranges;

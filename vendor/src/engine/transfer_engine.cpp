@@ -19,6 +19,9 @@
 #include "gpu/gpu.h"
 #include "transport/ipc/ipc_transport.h"
 #include "transport/rdma/rdma_transport.h"
+#include "transport/samehost/cma.h"
+#include "transport/samehost/samehost_client.h"
+#include "transport/samehost/samehost_server.h"
 #include "transport/tcp/tcp_client.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
@@ -42,6 +45,23 @@ std::string read_host_id() {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     return id.empty() ? std::string() : id + "@" + host;
+}
+
+// A random token made once per process: lets CUDA IPC tell its own
+// segments from others' without publishing a pid.
+const std::string &process_token() {
+    static const std::string token = [] {
+        unsigned char r[16] = {};
+        random_bytes(r, sizeof r);
+        static const char digits[] = "0123456789abcdef";
+        std::string t;
+        for (unsigned char b : r) {
+            t.push_back(digits[b >> 4]);
+            t.push_back(digits[b & 15]);
+        }
+        return t;
+    }();
+    return token;
 }
 
 HandshakeClientOptions client_options(const EngineConfig &c) {
@@ -86,9 +106,9 @@ TransferEngine::TransferEngine(EngineConfig cfg)
     handshake_ = std::make_unique<HandshakeServer>(
         std::move(hs), ho,
         [this](uint8_t t, const Json &req, Json &reply) { return handle_handshake(t, req, reply); });
+    host_id_ = read_host_id();
     if (cfg_.protocols & kProtoTcp) install_transport("tcp");
     if (cfg_.protocols & kProtoRdma) install_transport("rdma");
-    host_id_ = read_host_id();
     if (cfg_.enable_cuda_ipc && gpu::build_major() != 0) ipc_ = std::make_unique<IpcTransport>(2);
     handshake_->start();
     MC_LOG(Info, "engine " << segment_name_ << " up (tcp data port " << tcp_port_ << ")");
@@ -102,7 +122,10 @@ TransferEngine::~TransferEngine() {
     // Stop initiating first (fails what is queued or in flight), then stop
     // serving peers; after both no thread touches registered memory.
     if (ipc_) ipc_->stop();
+    // Before TCP: refused same-host items fall back to the TCP client.
+    if (same_host_client_) same_host_client_->stop();
     if (tcp_client_) tcp_client_->stop();
+    if (same_host_server_) same_host_server_->stop();
     if (tcp_server_) tcp_server_->stop();
     // Flushes RDMA work in flight (fails it) and deregisters every MR.
     rdma_installed_.store(false);
@@ -165,7 +188,7 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
     TcpServerOptions so;
     so.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
     so.max_connections = cfg_.tcp_max_server_connections;
-    so.enable_same_host = cfg_.enable_same_host;
+    so.enable_same_host = false;  // the TCP lane proves nothing about a peer's process
     tcp_server_ = std::make_unique<TcpServer>(std::move(data), registry_, so);
     tcp_server_->start();
     TcpClientOptions co;
@@ -174,20 +197,38 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
     co.lanes_per_peer = cfg_.tcp_lanes_per_peer;
     co.pipeline_depth = cfg_.tcp_pipeline_depth;
     tcp_client_ = std::make_unique<TcpClient>(co);
+    if (cfg_.enable_same_host && !host_id_.empty()) {
+        try {
+            SameHostServerOptions ho;
+            ho.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
+            auto srv = std::make_unique<SameHostServer>(registry_, ho);
+            srv->start();
+            same_host_server_ = std::move(srv);
+            SameHostClientOptions sc;
+            sc.connect_timeout_ms = cfg_.tcp_connect_timeout_ms;
+            sc.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
+            sc.lanes_per_peer = cfg_.tcp_lanes_per_peer;
+            sc.pipeline_depth = cfg_.tcp_pipeline_depth;
+            same_host_client_ = std::make_unique<SameHostClient>(
+                sc, [this](const SegmentDesc &d, std::vector<TransferItem> &refused) { send_tcp(d, refused); });
+        } catch (const Error &e) {
+            MC_LOG(Warn, "same-host transport unavailable, using TCP only: " << e.what());
+        }
+    }
     tcp_installed_.store(true);
 }
 
 TransferEngine::Counters TransferEngine::counters() const {
     Counters c{};
-    if (tcp_client_) {
-        c.same_host_sent = tcp_client_->same_host_sent();
-        c.tcp_sent = tcp_client_->requests_submitted() - c.same_host_sent;
-    }
+    if (tcp_client_) c.tcp_sent = tcp_client_->requests_submitted();
     if (tcp_server_) {
         c.tcp_served = tcp_server_->served_requests();
         c.tcp_rejected = tcp_server_->rejected_requests();
-        c.same_host_served = tcp_server_->same_host_served();
-        c.tcp_served -= c.same_host_served;
+    }
+    if (same_host_client_) c.same_host_sent = same_host_client_->requests_sent();
+    if (same_host_server_) {
+        c.same_host_served = same_host_server_->served();
+        c.tcp_rejected += same_host_server_->rejected();
     }
     if (ipc_) c.ipc_copies = ipc_->copies();
     c.local_copies = local_copies_.load(std::memory_order_relaxed);
@@ -202,8 +243,8 @@ SegmentDesc TransferEngine::local_descriptor() const {
     d.tcp_data_port = tcp_port_;
     d.tcp_proto_version = 2;
     d.host_id = host_id_;
-    d.pid = static_cast<int64_t>(getpid());
-    d.same_host = cfg_.enable_same_host && tcp_installed_.load() && !host_id_.empty();
+    d.process_token = process_token();
+    if (same_host_server_) d.same_host_socket = same_host_server_->socket_name();
     for (const auto &r : registry_.snapshot(/*remote_only=*/true)) {
         BufferDesc b;
         b.name = r.location.empty() ? "*" : r.location;
@@ -528,7 +569,7 @@ void TransferEngine::dispatch(
     }
     // Same host, another process, and the target buffer has a CUDA IPC
     // handle: copy engines instead of the network.
-    if (ipc_ && !d.host_id.empty() && d.host_id == host_id_ && d.pid != static_cast<int64_t>(getpid())) {
+    if (ipc_ && !d.host_id.empty() && d.host_id == host_id_ && d.process_token != process_token()) {
         std::vector<TransferItem> via_ipc, via_tcp;
         std::vector<IpcTarget> targets;
         for (auto &it : items) {
@@ -545,28 +586,42 @@ void TransferEngine::dispatch(
                 via_tcp.push_back(std::move(it));
             }
         }
-        if (!via_tcp.empty()) send_tcp(d, via_tcp);
+        if (!via_tcp.empty()) send_host(desc, via_tcp);
         if (!via_ipc.empty())
             ipc_->submit(via_ipc, targets, [this, desc](std::vector<TransferItem> &rerouted) { send_tcp(*desc, rerouted); });
         return;
     }
-    send_tcp(d, items);
+    send_host(desc, items);
+}
+
+void TransferEngine::send_host(const std::shared_ptr<const SegmentDesc> &desc, std::vector<TransferItem> &items) {
+    const SegmentDesc &d = *desc;
+    // The owner offers the same-host transport and says it runs on this
+    // boot of this host (its kernel-attested accept decides the rest).
+    // Only host memory, and only ranges inside the host buffers the owner
+    // published: anything else goes over TCP, where the owner rejects what
+    // it must.
+    if (!same_host_client_ || d.same_host_socket.empty() || d.host_id.empty() || d.host_id != host_id_) {
+        send_tcp(d, items);
+        return;
+    }
+    thread_local std::vector<TransferItem> via_same, via_tcp;
+    via_same.clear();
+    via_tcp.clear();
+    for (auto &it : items) {
+        if (it.local_device() < 0 && d.in_host_buffer(it.remote_addr, it.length)) via_same.push_back(std::move(it));
+        else via_tcp.push_back(std::move(it));
+    }
+    if (!via_tcp.empty()) send_tcp(d, via_tcp);
+    if (!via_same.empty()) same_host_client_->submit(desc, via_same);
+    via_same.clear();
+    via_tcp.clear();
 }
 
 void TransferEngine::send_tcp(const SegmentDesc &d, std::vector<TransferItem> &items) {
     const std::string &host = d.tcp_data_host.empty() ? parse_host_port(d.name).host : d.tcp_data_host;
     int version = (d.tcp_proto_version >= 2 && cfg_.tcp_proto_version >= 2) ? 2 : 1;
-    // The same-host CPU path: the owner offers it and says it runs on this
-    // boot of this host (the owner then verifies our pid itself before it
-    // copies anything). Only host memory, and only ranges inside the host
-    // buffers the owner published: anything else goes over TCP, where the
-    // owner rejects what it must.
-    bool same_host = cfg_.enable_same_host && version >= 2 && d.same_host && !d.host_id.empty() &&
-                     d.host_id == host_id_;
-    if (same_host)
-        for (auto &it : items)
-            it.same_host_ok = it.local_device() < 0 && d.in_host_buffer(it.remote_addr, it.length);
-    tcp_client_->submit(host, d.tcp_data_port, version, same_host, items);
+    tcp_client_->submit(host, d.tcp_data_port, version, items);
 }
 
 void TransferEngine::run_local(std::vector<TransferItem> &items) {

@@ -24,6 +24,8 @@ class HandshakeServer;
 class TcpServer;
 class TcpClient;
 class IpcTransport;
+class SameHostServer;
+class SameHostClient;
 namespace rdma {
 class RdmaTransport;
 }
@@ -116,6 +118,9 @@ private:
     void maybe_send_batch_notify(Batch &b);
     void run_local(std::vector<struct TransferItem> &items);
     void send_tcp(const SegmentDesc &d, std::vector<struct TransferItem> &items);
+    // Host-memory items for a peer on this host that offers the same-host
+    // transport go there; the rest (and refused peers' items) over TCP.
+    void send_host(const std::shared_ptr<const SegmentDesc> &d, std::vector<struct TransferItem> &items);
     void dispatch(int32_t target, std::vector<struct TransferItem> &items,
                   const std::vector<std::pair<int32_t, std::shared_ptr<const SegmentDesc>>> &descs);
 
@@ -138,6 +143,8 @@ private:
     std::unique_ptr<TcpServer> tcp_server_;
     std::unique_ptr<TcpClient> tcp_client_;
     std::unique_ptr<IpcTransport> ipc_;
+    std::unique_ptr<SameHostServer> same_host_server_;
+    std::unique_ptr<SameHostClient> same_host_client_;
     std::unique_ptr<HandshakeServer> handshake_;
     std::string host_id_;  // this boot of this host (for same-host paths)
     std::atomic<uint64_t> local_copies_{0};

@@ -19,9 +19,6 @@ struct TransferItem {
     uint64_t remote_addr = 0;
     uint64_t length = 0;
     RegionPin local_pin;
-    // The same-host CPU path may carry it: host memory on both sides and
-    // the remote range inside one host buffer of the target's descriptor.
-    bool same_host_ok = false;
 
     void complete() {
         local_pin.release();

@@ -1,7 +1,6 @@
 #include "transport/tcp/tcp_client.h"
 
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <array>
 #include <cerrno>
@@ -46,7 +45,7 @@ class Lane;
 
 class TcpClient::Peer {
 public:
-    Peer(std::string host, uint16_t port, const TcpClientOptions &opt, std::atomic<uint64_t> &same_host_sent);
+    Peer(std::string host, uint16_t port, const TcpClientOptions &opt);
     ~Peer();
 
     void enqueue(std::vector<TransferItem> &items, int version);
@@ -60,17 +59,12 @@ public:
     const uint16_t port;
     const std::string label;  // "host:port" for messages
     const TcpClientOptions opt;
-    std::atomic<bool> want_same_host{false};
-    std::atomic<uint64_t> &same_host_sent;
 
     // Connect failures are shared by all lanes: after one, lanes that have no
     // connection fail their items at once for a short cool-down instead of
     // each waiting out its own connect timeout.
     bool recent_connect_failure(std::string &why);
     void note_connect_failure(const std::string &why);
-    // A target that refused a same-host session is not asked again.
-    void note_same_host_refused() { same_host_refused_.store(true); }
-    bool try_same_host() const { return want_same_host.load() && !same_host_refused_.load(); }
 
 private:
     std::mutex mu_;
@@ -79,7 +73,6 @@ private:
     bool stopping_ = false;
     Clock::time_point failed_at_{};
     std::string failure_;
-    std::atomic<bool> same_host_refused_{false};
     std::vector<std::unique_ptr<Lane>> lanes_;
 };
 
@@ -110,7 +103,6 @@ private:
         TransferItem item;
         int version = 2;
         bool sent = false;
-        bool cma = false;  // sent as a same-host request
     };
     // Whether the receiver must wait until the sender is done with the entry
     // before reading its answer: only for payload WRITEs, whose OK may only
@@ -118,7 +110,7 @@ private:
     // Other answers can only come once their header has reached the peer;
     // reading them meanwhile keeps a peer that is blocked sending READ data
     // from blocking a sender that is still pushing a big WRITE run.
-    static bool needs_sent(const Inflight &e) { return e.item.opcode == kTcpOpWrite && !e.cma; }
+    static bool needs_sent(const Inflight &e) { return e.item.opcode == kTcpOpWrite; }
 
     void mark_broken_locked() {
         broken_ = true;
@@ -126,7 +118,6 @@ private:
     }
 
     bool connect_locked(std::unique_lock<std::mutex> &lk, std::string &why);
-    bool same_host_hello(int sock, std::string &why);
     void send_loop();
     void receive_loop();
     bool read_one(int sock, Inflight &e, std::string &why);
@@ -147,25 +138,18 @@ private:
     bool stop_ = false;
     bool sending_ = false;
     bool receiver_busy_ = false;
-    bool same_host_ = false;  // this connection is a verified same-host session
     std::string send_error_;  // why the last send failed, for the receiver's report
     Ring<Inflight> inflight_;  // capacity pipeline_depth: never reallocates
-    // The proof slot of the same-host hello: the target reads it from this
-    // process's memory.
-    unsigned char proof_[kCmaNonceLen] = {};
     // Receiver scratch (receiver thread only).
     uint64_t st_[kMaxRecvBatch] = {};
     uint64_t need_[kMaxRecvBatch] = {};
-    bool keep_fail_[kMaxRecvBatch] = {};
-    std::string keep_why_;
     struct iovec riov_[2 * kMaxRecvBatch] = {};
     std::vector<TransferItem> done_;
     std::thread sender_, receiver_;
 };
 
-TcpClient::Peer::Peer(std::string h, uint16_t p, const TcpClientOptions &o,
-                      std::atomic<uint64_t> &shs)
-    : host(std::move(h)), port(p), label(join_host_port(host, p)), opt(o), same_host_sent(shs) {
+TcpClient::Peer::Peer(std::string h, uint16_t p, const TcpClientOptions &o)
+    : host(std::move(h)), port(p), label(join_host_port(host, p)), opt(o) {
     for (uint32_t i = 0; i < opt.lanes_per_peer; ++i) {
         lanes_.push_back(std::make_unique<Lane>(*this, static_cast<int>(i)));
         lanes_.back()->start();
@@ -237,65 +221,6 @@ void TcpClient::Peer::stop() {
     lanes_.clear();
 }
 
-bool Lane::same_host_hello(int sock, std::string &why) {
-    // HELLO: our pid and where the proof will be.
-    unsigned char msg[kTcpHeaderLen + kCmaHelloBodyLen];
-    TcpHeader h;
-    h.size = kCmaHelloBodyLen;
-    h.opcode = kTcpOpCmaHello;
-    encode_tcp_header(h, msg);
-    put_le64(msg + kTcpHeaderLen, static_cast<uint64_t>(::getpid()));
-    put_le64(msg + kTcpHeaderLen + 8, reinterpret_cast<uint64_t>(proof_));
-    IoResult io = send_all(sock, msg, sizeof msg);
-    unsigned char st[8];
-    if (io.ok()) io = recv_all(sock, st, sizeof st);
-    if (!io.ok()) {
-        why = "same-host hello: " + io.describe();
-        return false;
-    }
-    uint64_t v = get_le64(st);
-    if (static_cast<uint32_t>(v >> 32) != kTcpStatusMagic) {
-        why = "same-host hello: malformed answer";
-        return false;
-    }
-    if (static_cast<uint32_t>(v) != kTcpStatusOk) {
-        peer_.note_same_host_refused();
-        MC_LOG(Info, "TCP lane " << index_ << ": " << peer_.label
-                                 << " does not offer a same-host session; using TCP");
-        return true;
-    }
-    // The challenge: put the nonce where the target will look for it.
-    io = recv_all(sock, proof_, sizeof proof_);
-    if (io.ok()) {
-        encode_tcp_header(TcpHeader{0, 0, kTcpOpCmaProof}, msg);
-        io = send_all(sock, msg, kTcpHeaderLen);
-    }
-    // The nonce stays in the slot while this connection lives: the target
-    // checks it again from time to time (a pid reused by another process,
-    // or an exec, no longer holds it).
-    if (io.ok()) io = recv_all(sock, st, sizeof st);
-    if (!io.ok()) {
-        why = "same-host proof: " + io.describe();
-        return false;
-    }
-    v = get_le64(st);
-    if (static_cast<uint32_t>(v >> 32) != kTcpStatusMagic) {
-        why = "same-host proof: malformed answer";
-        return false;
-    }
-    if (static_cast<uint32_t>(v) == kTcpStatusOk) {
-        same_host_ = true;
-        MC_LOG(Debug, "TCP lane " << index_ << ": same-host session with " << peer_.label);
-    } else {
-        // E.g. ptrace rules (EPERM), another PID namespace or host.
-        peer_.note_same_host_refused();
-        MC_LOG(Info, "TCP lane " << index_ << ": " << peer_.label
-                                 << " could not verify this process for the same-host path "
-                                    "(not permitted, or not the same host); using TCP");
-    }
-    return true;
-}
-
 bool Lane::connect_locked(std::unique_lock<std::mutex> &lk, std::string &why) {
     // Reconnect only once the receiver has failed or finished everything
     // that used the old connection.
@@ -306,7 +231,6 @@ bool Lane::connect_locked(std::unique_lock<std::mutex> &lk, std::string &why) {
     }
     fd_.reset();
     broken_ = false;
-    same_host_ = false;
     send_error_.clear();
     if (peer_.recent_connect_failure(why)) return false;
     lk.unlock();
@@ -317,7 +241,6 @@ bool Lane::connect_locked(std::unique_lock<std::mutex> &lk, std::string &why) {
     if (nf.valid()) {
         int t = static_cast<int>(peer_.opt.progress_timeout_ms);
         set_io_timeouts(nf.get(), t, t);
-        if (peer_.try_same_host() && !same_host_hello(nf.get(), err)) nf.reset();
     }
     lk.lock();
     if (!nf.valid()) {
@@ -347,7 +270,7 @@ void Lane::send_loop() {
     entries.reserve(depth);
     // Headers of this run, owned by the sender: the receiver may hand an
     // entry back (its answer came) while sendmsg still holds the iovec list.
-    std::vector<std::array<unsigned char, kCmaRequestLen>> hdrs(depth);
+    std::vector<std::array<unsigned char, kTcpHeaderLen>> hdrs(depth);
     for (;;) {
         size_t space = 0;
         {
@@ -360,7 +283,6 @@ void Lane::send_loop() {
         if (!peer_.pop_many(run, space)) break;
 
         int sock = -1;
-        bool same_host = false;
         {
             std::unique_lock<std::mutex> lk(mu_);
             std::string why;
@@ -374,12 +296,8 @@ void Lane::send_loop() {
                 continue;
             }
             entries.clear();
-            same_host = same_host_;
             for (auto &q : run) {
-                // Decided before the receiver can see the entry.
-                const bool cma = same_host && q.item.same_host_ok && q.version >= 2 &&
-                                 q.item.local_device() < 0;
-                inflight_.push_back(Inflight{std::move(q.item), q.version, false, cma});
+                inflight_.push_back(Inflight{std::move(q.item), q.version, false});
                 entries.push_back(&inflight_.back());  // stable: the ring never grows
             }
             sending_ = true;
@@ -401,7 +319,6 @@ void Lane::send_loop() {
             cv_.notify_all();
             return io.ok();
         };
-        uint64_t same_host_count = 0;
         for (size_t i = 0; i < run.size() && io.ok(); ++i) {
             Inflight *e = entries[i];
             unsigned char *hdr = hdrs[i].data();
@@ -411,13 +328,7 @@ void Lane::send_loop() {
             TcpHeader h;
             h.size = it.length;
             h.addr = it.remote_addr;
-            if (e->cma) {
-                h.opcode = write ? kTcpOpCmaWrite : kTcpOpCmaRead;
-                encode_tcp_header(h, hdr);
-                put_le64(hdr + kTcpHeaderLen, reinterpret_cast<uint64_t>(it.local));
-                iov.push_back({hdr, kCmaRequestLen});
-                ++same_host_count;
-            } else if (device >= 0 && write) {
+            if (device >= 0 && write) {
                 // GPU source: what is gathered, then header and payload
                 // staged chunk by chunk.
                 if (!flush()) break;
@@ -440,7 +351,6 @@ void Lane::send_loop() {
             if (iov.size() >= kMaxSendIov && !flush()) break;
         }
         if (io.ok()) flush();
-        if (same_host_count) peer_.same_host_sent.fetch_add(same_host_count, std::memory_order_relaxed);
 
         std::lock_guard<std::mutex> g(mu_);
         sending_ = false;
@@ -502,11 +412,10 @@ bool Lane::read_batch(std::unique_lock<std::mutex> &lk, size_t n, std::string &w
         Inflight &e = inflight_.at(i);
         need_[i] = 8;
         riov_[niov++] = {&st_[i], 8};
-        if (!e.cma && e.item.opcode != kTcpOpWrite) {
+        if (e.item.opcode != kTcpOpWrite) {
             riov_[niov++] = {e.item.local, static_cast<size_t>(e.item.length)};
             need_[i] += e.item.length;
         }
-        keep_fail_[i] = false;
     }
     const int sock = fd_.get();
     lk.unlock();
@@ -524,9 +433,7 @@ bool Lane::read_batch(std::unique_lock<std::mutex> &lk, size_t n, std::string &w
         cv_.notify_all();  // pipeline space for the sender
         lk.unlock();
         for (size_t i = popped; i < next; ++i) {
-            TransferItem &it = done_[i - popped];
-            if (keep_fail_[i]) it.fail(describe(it, peer_.label) + " failed: " + keep_why_);
-            else it.complete();
+            done_[i - popped].complete();
         }
         popped = next;
     };
@@ -573,11 +480,6 @@ bool Lane::read_batch(std::unique_lock<std::mutex> &lk, size_t n, std::string &w
                     why = "the peer rejected it: the range is not inside one registered, "
                           "remote-accessible buffer of the target segment";
                     ok = false;
-                } else if (code == kTcpStatusCmaFailed && need_[next] == 8) {
-                    // The target could not copy between the processes; the
-                    // stream is still in step, so only this request fails.
-                    keep_fail_[next] = true;
-                    keep_why_ = "the target's cross-process copy failed (see its log)";
                 } else if (code != kTcpStatusOk) {
                     why = "the peer answered with unknown status " + std::to_string(code);
                     ok = false;
@@ -671,7 +573,7 @@ TcpClient::TcpClient(TcpClientOptions opt) : opt_(opt) {}
 
 TcpClient::~TcpClient() { stop(); }
 
-void TcpClient::submit(const std::string &host, uint16_t port, int proto_version, bool same_host,
+void TcpClient::submit(const std::string &host, uint16_t port, int proto_version,
                        std::vector<TransferItem> &items) {
     std::shared_ptr<Peer> peer;
     {
@@ -686,12 +588,10 @@ void TcpClient::submit(const std::string &host, uint16_t port, int proto_version
                 break;
             }
         if (!peer) {
-            peer = std::make_shared<Peer>(host, port, opt_, same_host_sent_);
+            peer = std::make_shared<Peer>(host, port, opt_);
             peers_.push_back(peer);
         }
     }
-    if (same_host != peer->want_same_host.load(std::memory_order_relaxed))
-        peer->want_same_host.store(same_host);
     submitted_.fetch_add(items.size(), std::memory_order_relaxed);
     peer->enqueue(items, proto_version);
 }

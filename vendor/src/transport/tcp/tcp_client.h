@@ -7,13 +7,8 @@
 // registered memory, in request order. Every blocking call is bounded by
 // the progress timeout, so a dead or silent peer ends in FAILED, never a
 // hang. Nothing is allocated per request once the queues have grown to
-// their working size.
-//
-// Same-host peers (descriptor key "mc_cma", same host id): each new lane
-// first proves to the target which process it is (tcp_wire.h); on a
-// verified lane host-memory requests travel as CMA headers and the target
-// copies the bytes between the two processes. Requests that cannot use it
-// (GPU memory, a refused lane) go as plain TCP on the same lane.
+// their working size. (Same-host peers have their own transport:
+// transport/samehost.)
 #pragma once
 
 #include <atomic>
@@ -86,15 +81,11 @@ public:
     TcpClient &operator=(const TcpClient &) = delete;
 
     // Queues the items for the data server at host:port. `proto_version` is
-    // the framing to use (1 or 2); `same_host` says that the target offers
-    // the same-host path and runs on this host (items with `same_host_ok`
-    // use it once a lane is verified). Never blocks on the network.
-    void submit(const std::string &host, uint16_t port, int proto_version, bool same_host,
-                std::vector<TransferItem> &items);
+    // the framing to use (1 or 2). Never blocks on the network.
+    void submit(const std::string &host, uint16_t port, int proto_version, std::vector<TransferItem> &items);
     // Fails everything queued or in flight and joins all threads.
     void stop();
     uint64_t requests_submitted() const { return submitted_.load(std::memory_order_relaxed); }
-    uint64_t same_host_sent() const { return same_host_sent_.load(std::memory_order_relaxed); }
 
     class Peer;
 
@@ -104,7 +95,6 @@ private:
     bool stopped_ = false;
     std::vector<std::shared_ptr<Peer>> peers_;
     std::atomic<uint64_t> submitted_{0};
-    std::atomic<uint64_t> same_host_sent_{0};
 };
 
 }  // namespace mcrs

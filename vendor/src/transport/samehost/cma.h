@@ -16,6 +16,10 @@ namespace mcrs {
 int cma_read(pid_t pid, uint64_t remote, void *local, size_t len);
 // Copies `len` bytes at `local` into `remote` in process `pid`.
 int cma_write(pid_t pid, uint64_t remote, const void *local, size_t len);
+// Whether the kernel lets this process attach to `pid` for copies (the
+// ptrace access rules: e.g. a non-dumpable peer is refused). Probed by
+// opening /proc/<pid>/mem, which applies the same check. 0 or an errno.
+int cma_check_access(pid_t pid);
 // Fills `out` with `len` random bytes (getrandom, /dev/urandom as fallback).
 bool random_bytes(void *out, size_t len);
 

@@ -1,0 +1,207 @@
+#include "transport/samehost/samehost_server.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/samehost/cma.h"
+#include "transport/samehost/peer_identity.h"
+#include "transport/samehost/samehost_wire.h"
+
+namespace mcrs {
+
+namespace {
+
+// Requests read and answered per pass.
+constexpr size_t kBatch = 64;
+
+std::string describe(const SameHostRequest &r, pid_t pid) {
+    std::ostringstream s;
+    s << (r.opcode == kSameHostOpWrite ? "WRITE" : "READ") << " of " << r.length << " bytes at 0x"
+      << std::hex << r.target_addr << std::dec << " for pid " << pid;
+    return s.str();
+}
+
+}  // namespace
+
+SameHostServer::SameHostServer(const MemoryRegistry &registry, SameHostServerOptions opt)
+    : registry_(registry), opt_(opt) {
+    std::string err;
+    listener_ = listen_samehost(128, name_, err);
+    if (!listener_.valid()) throw Error(kErrSocket, "same-host listener: " + err);
+}
+
+SameHostServer::~SameHostServer() { stop(); }
+
+void SameHostServer::start() { acceptor_ = std::thread([this] { accept_loop(); }); }
+
+void SameHostServer::stop() {
+    if (stopping_.exchange(true)) return;
+    wake_.wake();
+    if (acceptor_.joinable()) acceptor_.join();
+    std::list<std::unique_ptr<Session>> sessions;
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        sessions.swap(sessions_);
+    }
+    // Unblock and join every session: after stop() nothing touches
+    // registered memory on a peer's behalf.
+    for (auto &s : sessions) ::shutdown(s->fd.get(), SHUT_RDWR);
+    for (auto &s : sessions)
+        if (s->thread.joinable()) s->thread.join();
+    listener_.reset();
+}
+
+void SameHostServer::reap_finished() {
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+        if ((*it)->done.load()) {
+            if ((*it)->thread.joinable()) (*it)->thread.join();
+            it = sessions_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+void SameHostServer::accept_loop() {
+    while (!stopping_.load()) {
+        int r = wait_readable(listener_.get(), wake_.read_fd(), -1);
+        if (r < 0 || stopping_.load()) break;
+        for (;;) {
+            int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+            if (fd < 0) {
+                if (errno == EINTR) continue;
+                break;
+            }
+            Fd conn(fd);
+            AttestedPeer peer;
+            std::string why;
+            if (!attest_initiator(fd, peer, why)) {
+                refused_.fetch_add(1);
+                MC_LOG(Info, "same-host server: refused a connection: " << why);
+                continue;  // closed: the peer gets no greeting
+            }
+            std::lock_guard<std::mutex> g(mu_);
+            reap_finished();
+            if (sessions_.size() >= opt_.max_connections) {
+                refused_.fetch_add(1);
+                MC_LOG(Warn, "same-host server at its limit of " << opt_.max_connections
+                                                                 << " connections; refusing one");
+                continue;
+            }
+            set_io_timeouts(fd, static_cast<int>(opt_.progress_timeout_ms),
+                            static_cast<int>(opt_.progress_timeout_ms));
+            auto s = std::make_unique<Session>();
+            s->fd = std::move(conn);
+            s->pidfd = std::move(peer.pidfd);
+            s->pid = peer.pid;
+            Session *raw = s.get();
+            sessions_.push_back(std::move(s));
+            raw->thread = std::thread([this, raw] { serve(raw); });
+        }
+    }
+}
+
+void SameHostServer::serve(Session *s) {
+    const int fd = s->fd.get();
+    unsigned char in[kBatch * kSameHostRequestLen];
+    unsigned char out[kBatch * kSameHostStatusLen];
+    size_t have = 0;
+    // The kernel must also let us copy to and from it (ptrace rules: e.g. a
+    // non-dumpable peer). If not, no greeting: the peer falls back to TCP.
+    // Checked here rather than at accept: it touches /proc.
+    if (int err = cma_check_access(s->pid)) {
+        refused_.fetch_add(1);
+        MC_LOG(Info, "same-host server: refused pid " << s->pid
+                                                      << ": cannot attach to it for copies: " << errno_string(err));
+        ::shutdown(fd, SHUT_RDWR);
+        s->done.store(true);
+        return;
+    }
+    encode_samehost_status(kSameHostOk, out);
+    // The greeting; a pid reused between the attestation and the check
+    // above shows up here as an exited pidfd.
+    bool ok = pidfd_alive(s->pidfd.get()) && send_all(fd, out, kSameHostStatusLen).ok();
+    while (ok && !stopping_.load()) {
+        if (have < kSameHostRequestLen) {
+            // Idle between requests, bounded progress inside one.
+            int wait_ms = static_cast<int>(have == 0 ? opt_.idle_timeout_ms : opt_.progress_timeout_ms);
+            int r = wait_readable(fd, wake_.read_fd(), wait_ms);
+            if (r == 0) {
+                MC_LOG(Info, "same-host server: closing the connection of pid "
+                                 << s->pid << (have == 0 ? ": idle" : ": a request stalled"));
+                break;
+            }
+            if (r < 0) break;
+            ssize_t n = ::recv(fd, in + have, sizeof in - have, MSG_DONTWAIT);
+            if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+            if (n <= 0) {
+                if (n == 0 && have != 0)
+                    MC_LOG(Info, "same-host server: pid " << s->pid << " closed inside a request");
+                break;
+            }
+            have += static_cast<size_t>(n);
+            continue;
+        }
+        size_t off = 0, nout = 0;
+        bool close_after = false;
+        while (have - off >= kSameHostRequestLen) {
+            SameHostRequest req;
+            std::string why;
+            uint32_t code = kSameHostOk;
+            if (!decode_samehost_request(in + off, kSameHostRequestLen, req, why)) {
+                rejected_.fetch_add(1);
+                MC_LOG(Warn, "same-host server: malformed request from pid " << s->pid << ": " << why);
+                code = kSameHostRejected;
+            } else {
+                // The one range check, as for TCP; host memory only.
+                RegionPin pin = registry_.pin(req.target_addr, req.length, /*need_remote=*/true);
+                if (!pin || pin.region()->device >= 0) {
+                    rejected_.fetch_add(1);
+                    MC_LOG(Warn, "same-host server: rejected " << describe(req, s->pid)
+                                                               << ": not inside one registered "
+                                                                  "remote-accessible host buffer");
+                    code = kSameHostRejected;
+                } else if (!pidfd_alive(s->pidfd.get())) {
+                    // The attested process is gone; its pid may name another.
+                    MC_LOG(Info, "same-host server: pid " << s->pid << " has exited; closing");
+                    ok = false;
+                    break;
+                } else {
+                    void *target = reinterpret_cast<void *>(req.target_addr);
+                    size_t len = static_cast<size_t>(req.length);
+                    int err = req.opcode == kSameHostOpRead
+                                  ? cma_write(s->pid, req.initiator_addr, target, len)
+                                  : cma_read(s->pid, req.initiator_addr, target, len);
+                    pin.release();
+                    if (err != 0) {
+                        MC_LOG(Info, "same-host server: " << describe(req, s->pid)
+                                                          << ": the copy failed: " << errno_string(err));
+                        code = kSameHostCopyFailed;
+                    } else {
+                        served_.fetch_add(1, std::memory_order_relaxed);
+                    }
+                }
+            }
+            encode_samehost_status(code, out + nout * kSameHostStatusLen);
+            ++nout;
+            off += kSameHostRequestLen;
+            if (code == kSameHostRejected) {
+                close_after = true;  // the peer named memory it may not touch
+                break;
+            }
+        }
+        if (nout && !send_all(fd, out, nout * kSameHostStatusLen).ok()) ok = false;
+        if (close_after) break;
+        std::memmove(in, in + off, have - off);
+        have -= off;
+    }
+    ::shutdown(fd, SHUT_RDWR);
+    s->done.store(true);
+}
+
+}  // namespace mcrs
