@@ -34,6 +34,21 @@ using namespace mctest;
 
 namespace {
 
+// The retired same-host frames that rode on the TCP data port (HELLO with
+// a claimed pid, PROOF, then CMA READ/WRITE with an initiator address):
+// the attack the data port must refuse, spelled out here because the
+// engine no longer knows them.
+constexpr size_t kOldHelloBodyLen = 16;
+constexpr size_t kOldNonceLen = 32;
+constexpr uint8_t kOldOpHello = 0xC0;
+constexpr uint8_t kOldOpProof = 0xC1;
+constexpr uint8_t kOldOpRead = 0xC2;
+constexpr uint8_t kOldOpWrite = 0xC3;
+
+}  // namespace
+
+namespace {
+
 constexpr size_t kCanary = 4096;
 constexpr char kCanaryByte = static_cast<char>(0xCC);
 
@@ -405,27 +420,27 @@ TEST(tcp_data_port_refuses_the_old_same_host_hello) {
         RawConn c(data_port(t));
         REQUIRE(c.fd >= 0);
         std::string h(mcrs::kTcpHeaderLen, '\0');
-        h[0] = static_cast<char>(mcrs::kCmaHelloBodyLen);
-        h[16] = static_cast<char>(mcrs::kTcpOpCmaHello);
+        h[0] = static_cast<char>(kOldHelloBodyLen);
+        h[16] = static_cast<char>(kOldOpHello);
         REQUIRE(c.send_bytes(h + le64(static_cast<uint64_t>(getpid())) + le64(slot)));
-        std::string got = c.read_some(8 + mcrs::kCmaNonceLen);
+        std::string got = c.read_some(8 + kOldNonceLen);
         // Today: a READ of 16 bytes at address 0, rejected, closed.
         CHECK(got == le64(mcrs::encode_tcp_status(mcrs::kTcpStatusRejected)));
-        CHECK(got.size() < 8 + mcrs::kCmaNonceLen);  // no nonce
-        if (got.size() == 8 + mcrs::kCmaNonceLen) {
+        CHECK(got.size() < 8 + kOldNonceLen);  // no nonce
+        if (got.size() == 8 + kOldNonceLen) {
             // A server that hands out the nonce: finish the attack, to show
             // what it lets through. The nonce goes into the slot by a plain
             // TCP WRITE, the proof passes, and a CMA READ copies the secret
             // into the open buffer, where any TCP peer can read it.
             RawConn w(data_port(t));
             std::string wh(mcrs::kTcpHeaderLen, '\0');
-            std::memcpy(&wh[0], le64(mcrs::kCmaNonceLen).data(), 8);
+            std::memcpy(&wh[0], le64(kOldNonceLen).data(), 8);
             std::memcpy(&wh[8], le64(slot).data(), 8);
             wh[16] = static_cast<char>(mcrs::kTcpOpWrite | mcrs::kTcpV2Flag);
             w.send_bytes(wh + got.substr(8));
             w.read_some(8);
             std::string ph(mcrs::kTcpHeaderLen, '\0');
-            ph[16] = static_cast<char>(mcrs::kTcpOpCmaProof);
+            ph[16] = static_cast<char>(kOldOpProof);
             c.send_bytes(ph);
             std::string proof = c.read_some(8);
             // CMA WRITE: the target copies from "the initiator" (itself,
@@ -433,7 +448,7 @@ TEST(tcp_data_port_refuses_the_old_same_host_hello) {
             std::string rh2(mcrs::kTcpHeaderLen, '\0');
             std::memcpy(&rh2[0], le64(64).data(), 8);
             std::memcpy(&rh2[8], le64(open.addr() + 8192).data(), 8);
-            rh2[16] = static_cast<char>(mcrs::kTcpOpCmaWrite);
+            rh2[16] = static_cast<char>(kOldOpWrite);
             c.send_bytes(rh2 + le64(secret.addr()));
             std::fprintf(stderr, "    the old hello got a nonce; proof answer %zu bytes; CMA answer %zu bytes\n",
                          proof.size(), c.read_some(8).size());
@@ -446,7 +461,7 @@ TEST(tcp_data_port_refuses_the_old_same_host_hello) {
         std::string h(mcrs::kTcpHeaderLen, '\0');
         std::memcpy(&h[0], le64(64).data(), 8);
         std::memcpy(&h[8], le64(secret.addr()).data(), 8);
-        h[16] = static_cast<char>(mcrs::kTcpOpCmaRead);
+        h[16] = static_cast<char>(kOldOpRead);
         REQUIRE(c.send_bytes(h + le64(slot)));
         std::string got = c.read_some(64);
         CHECK(got == le64(mcrs::encode_tcp_status(mcrs::kTcpStatusRejected)));

@@ -8,6 +8,7 @@
 #include <ctime>
 
 #include "common/error.h"
+#include "common/range.h"
 #include "transport/samehost/peer_identity.h"
 
 namespace mcrs {
@@ -209,13 +210,12 @@ SegmentDesc decode_segment_desc(const Json &j) {
 }
 
 bool SegmentDesc::in_host_buffer(uint64_t addr, uint64_t len) const {
-    if (len == 0 || addr + len < addr) return false;
     // The last range starting at or below addr.
     auto it = std::upper_bound(host_ranges.begin(), host_ranges.end(),
                                std::make_pair(addr, UINT64_MAX));
     if (it == host_ranges.begin()) return false;
     --it;
-    return addr + len <= it->second;
+    return range_within(addr, len, it->first, it->second - it->first);
 }
 
 }  // namespace mcrs

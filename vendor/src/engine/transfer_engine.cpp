@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/host_port.h"
 #include "common/log.h"
+#include "common/range.h"
 #include "common/socket.h"
 #include "handshake/frame.h"
 #include "handshake/handshake_client.h"
@@ -575,7 +576,7 @@ void TransferEngine::dispatch(
         for (auto &it : items) {
             const BufferDesc *hit = nullptr;
             for (const auto &b : d.buffers)
-                if (!b.cuda_ipc.empty() && it.remote_addr >= b.addr && it.remote_addr + it.length <= b.addr + b.length) {
+                if (!b.cuda_ipc.empty() && range_within(it.remote_addr, it.length, b.addr, b.length)) {
                     hit = &b;
                     break;
                 }
