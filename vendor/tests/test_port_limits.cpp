@@ -196,7 +196,8 @@ TEST(ports_data_pooled_idle_close_then_reconnect) {
 }
 
 // A flood of connections from one address to the handshake port (opened
-// and replaced continuously) must not shed a legitimate handshake.
+// and replaced continuously) must not shed a legitimate client, slow or not:
+// the flood gets its share of the slots, so the total cap is never reached.
 TEST(ports_handshake_per_source_cap_under_flood) {
     transfer_engine_t target = make_limited([](mc_engine_config_t &c) {
         c.handshake_max_connections = 64;
@@ -221,6 +222,17 @@ TEST(ports_handshake_per_source_cap_under_flood) {
             if (f >= 0) ::close(f);
     });
     while (opened.load() < 300) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    {
+        // A slow legitimate client: connected before 200 more flood
+        // connections arrive, it must not be the "oldest" that gets shed.
+        RawConn slow(port);
+        REQUIRE(slow.fd >= 0);
+        const int mark = opened.load();
+        while (opened.load() < mark + 200) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        CHECK(slow.send_bytes(le64(3) + std::string("\x01{}", 3)));
+        std::string reply = slow.read_some();
+        CHECK(reply.size() > 9);
+    }
     transfer_engine_t init = make_limited([](mc_engine_config_t &) {});
     REQUIRE(init);
     for (int i = 0; i < 5; ++i) {

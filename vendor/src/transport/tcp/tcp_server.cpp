@@ -235,6 +235,7 @@ TcpServer::TcpServer(Fd listener, const MemoryRegistry &registry, TcpServerOptio
         unsigned hw = std::thread::hardware_concurrency();
         opt_.workers = std::min(64u, std::max(8u, 2 * hw));
     }
+    ready_.assign(opt_.max_connections, nullptr);
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_.valid()) throw Error(kErrSocket, "epoll_create1(): " + errno_string(errno));
     struct epoll_event ev;
@@ -270,7 +271,7 @@ void TcpServer::stop() {
     for (auto &t : workers_)
         if (t.joinable()) t.join();
     std::lock_guard<std::mutex> g(mu_);
-    ready_.clear();
+    ready_len_ = 0;
     sessions_.clear();
     per_source_.clear();
 }
@@ -287,6 +288,13 @@ void TcpServer::erase_locked(Session *s) {
     auto it = per_source_.find(s->source);
     if (it != per_source_.end() && --it->second == 0) per_source_.erase(it);
     sessions_.erase(s);
+}
+
+void TcpServer::push_ready_locked(Session *s) {
+    ready_[(ready_head_ + ready_len_) % ready_.size()] = s;
+    ++ready_len_;
+    ready_count_.store(ready_len_, std::memory_order_relaxed);
+    ready_cv_.notify_one();
 }
 
 void TcpServer::loop() {
@@ -314,9 +322,7 @@ void TcpServer::loop() {
                     Session *s = static_cast<Session *>(p);
                     s->in_loop = false;
                     s->conn->mark_readable();
-                    ready_.push_back(s);
-                    ready_count_.store(ready_.size(), std::memory_order_relaxed);
-                    ready_cv_.notify_one();
+                    push_ready_locked(s);
                 }
             }
         }
@@ -407,11 +413,12 @@ void TcpServer::worker() {
         Session *s = nullptr;
         {
             std::unique_lock<std::mutex> lk(mu_);
-            ready_cv_.wait(lk, [this] { return stopping_.load() || !ready_.empty(); });
+            ready_cv_.wait(lk, [this] { return stopping_.load() || ready_len_ != 0; });
             if (stopping_.load()) return;
-            s = ready_.front();
-            ready_.pop_front();
-            ready_count_.store(ready_.size(), std::memory_order_relaxed);
+            s = ready_[ready_head_];
+            ready_head_ = (ready_head_ + 1) % ready_.size();
+            --ready_len_;
+            ready_count_.store(ready_len_, std::memory_order_relaxed);
         }
         finish(s, serve(*s));
     }
@@ -425,9 +432,7 @@ void TcpServer::finish(Session *s, Pass p) {
     }
     if (p == Pass::Again) {
         // More input is waiting: behind whoever else is queued.
-        ready_.push_back(s);
-        ready_count_.store(ready_.size(), std::memory_order_relaxed);
-        ready_cv_.notify_one();
+        push_ready_locked(s);
         return;
     }
     auto now = Clock::now();

@@ -26,7 +26,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -108,7 +107,11 @@ private:
 
     mutable std::mutex mu_;
     std::condition_variable ready_cv_;
-    std::deque<Session *> ready_;
+    // Connections with input ready, FIFO; a ring with room for every
+    // connection (each is queued at most once), so queueing never allocates.
+    std::vector<Session *> ready_;
+    size_t ready_head_ = 0, ready_len_ = 0;
+    void push_ready_locked(Session *s);
     std::atomic<size_t> ready_count_{0};
     std::unordered_map<Session *, std::unique_ptr<Session>> sessions_;
     std::unordered_map<std::string, uint32_t> per_source_;
