@@ -6,6 +6,7 @@
 #include <poll.h>
 
 #include <atomic>
+#include <cstddef>
 #include <functional>
 #include <thread>
 
@@ -320,4 +321,21 @@ TEST(ports_allow_list) {
     CHECK_EQ(lc.handshake_connections_refused, 1u);
     legit_peer_transfers(target, tmem);
     destroyTransferEngine(target);
+}
+
+// A caller built against the header before the limit fields passes the
+// older struct_size; the library must not read past it (the fields keep
+// their defaults), and other sizes are still refused.
+TEST(ports_config_older_struct_size_keeps_defaults) {
+    const size_t v1 = (offsetof(mc_engine_config_t, tcp_max_server_connections) + 7) & ~size_t(7);
+    transfer_engine_t e = make_limited([&](mc_engine_config_t &c) {
+        c.struct_size = static_cast<uint32_t>(v1);
+        c.tcp_idle_timeout_ms = 0;  // would be refused if it were read
+        c.allowed_peer_networks = "not a network";
+    });
+    CHECK(e != nullptr);
+    if (e) destroyTransferEngine(e);
+    e = make_limited([&](mc_engine_config_t &c) { c.struct_size = static_cast<uint32_t>(v1 + 8); });
+    CHECK(e == nullptr);
+    CHECK(std::string(mc_last_error_message()).find("struct_size") != std::string::npos);
 }
