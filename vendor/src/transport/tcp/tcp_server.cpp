@@ -34,10 +34,11 @@ std::string describe_request(const TcpHeader &h) {
 // Requests served in one worker pass before a connection that still has
 // input goes to the back of the queue (others may be waiting for a worker).
 constexpr unsigned kPassBudget = 1024;
-// A worker with nobody queued behind it waits this long for a connection's
-// next request before handing it back to the loop: a peer that sends one
-// request at a time then costs no thread hand-off per request.
-constexpr int kLingerMs = 1;
+// While other workers are idle, a worker waits this long for a connection's
+// next request before handing it back to the loop: a peer that sends runs
+// of requests then costs no thread hand-off per run. A connection that gets
+// ready meanwhile goes to an idle worker, so lingering delays nobody.
+constexpr int kLingerMs = 10;
 
 // epoll tags of the listener and the wake pipe (sessions use their address).
 char kListenerTag, kWakeTag;
@@ -50,8 +51,8 @@ enum class Got { Ok, Eof, WouldBlock, Woken, Error };
 // gathered but not sent yet (with the pins of the memory they point to).
 class TcpServer::Conn {
 public:
-    Conn(int fd, int wake_fd, const std::atomic<size_t> &queued)
-        : fd_(fd), wake_fd_(wake_fd), queued_(queued) {
+    Conn(int fd, int wake_fd, const std::atomic<size_t> &queued, const std::atomic<size_t> &idle)
+        : fd_(fd), wake_fd_(wake_fd), queued_(queued), idle_(idle) {
         pins_.reserve(kMaxOutIov);
     }
 
@@ -69,7 +70,7 @@ public:
     // Makes at least `need` bytes available in the read-ahead buffer
     // (need <= kInBuf). Sends the gathered answers before it would wait:
     // when the last read found the socket drained, answer first, then
-    // linger briefly (only while no other connection waits for a worker),
+    // linger briefly (only while another worker is idle),
     // else report WouldBlock so that the loop waits instead. A pipelining
     // peer gets many answers per sendmsg.
     Got fill(size_t need) {
@@ -81,7 +82,8 @@ public:
             }
             if (drained_) {
                 if (!flush()) return Got::Error;
-                if (queued_.load(std::memory_order_relaxed) != 0) return Got::WouldBlock;
+                if (idle_.load(std::memory_order_relaxed) <= queued_.load(std::memory_order_relaxed))
+                    return Got::WouldBlock;
                 int r = wait_readable(fd_, wake_fd_, kLingerMs);
                 if (r == 0) return Got::WouldBlock;
                 if (r < 0) return Got::Woken;
@@ -210,7 +212,7 @@ private:
     }
 
     int fd_, wake_fd_;
-    const std::atomic<size_t> &queued_;
+    const std::atomic<size_t> &queued_, &idle_;
     int err_ = 0;
     bool drained_ = true;  // the last read left nothing in the socket
 
@@ -391,7 +393,7 @@ void TcpServer::accept_all() {
         auto s = std::make_unique<Session>();
         s->fd = std::move(guard);
         s->source = src;
-        s->conn = std::make_unique<Conn>(fd, wake_.read_fd(), ready_count_);
+        s->conn = std::make_unique<Conn>(fd, wake_.read_fd(), ready_count_, idle_workers_);
         s->deadline = Clock::now() + std::chrono::milliseconds(opt_.idle_timeout_ms);
         if (s->deadline < next_scan_) next_scan_ = s->deadline;
         struct epoll_event ev;
@@ -413,7 +415,9 @@ void TcpServer::worker() {
         Session *s = nullptr;
         {
             std::unique_lock<std::mutex> lk(mu_);
+            idle_workers_.fetch_add(1, std::memory_order_relaxed);
             ready_cv_.wait(lk, [this] { return stopping_.load() || ready_len_ != 0; });
+            idle_workers_.fetch_sub(1, std::memory_order_relaxed);
             if (stopping_.load()) return;
             s = ready_[ready_head_];
             ready_head_ = (ready_head_ + 1) % ready_.size();

@@ -113,6 +113,7 @@ private:
     size_t ready_head_ = 0, ready_len_ = 0;
     void push_ready_locked(Session *s);
     std::atomic<size_t> ready_count_{0};
+    std::atomic<size_t> idle_workers_{0};
     std::unordered_map<Session *, std::unique_ptr<Session>> sessions_;
     std::unordered_map<std::string, uint32_t> per_source_;
     Clock::time_point next_scan_;
