@@ -381,8 +381,10 @@ const _: () = {
         [::core::mem::offset_of!(mc_engine_config, tcp_server_workers) - 124usize];
     ["Offset of field: mc_engine_config::handshake_max_connections"]
         [::core::mem::offset_of!(mc_engine_config, handshake_max_connections) - 128usize];
-    ["Offset of field: mc_engine_config::handshake_max_connections_per_source"]
-        [::core::mem::offset_of!(mc_engine_config, handshake_max_connections_per_source) - 132usize];
+    ["Offset of field: mc_engine_config::handshake_max_connections_per_source"][::core::mem::offset_of!(
+        mc_engine_config,
+        handshake_max_connections_per_source
+    ) - 132usize];
     ["Offset of field: mc_engine_config::notify_max_message_bytes"]
         [::core::mem::offset_of!(mc_engine_config, notify_max_message_bytes) - 136usize];
     ["Offset of field: mc_engine_config::notify_max_bytes"]
@@ -428,8 +430,10 @@ const _: () = {
         [::core::mem::offset_of!(mc_engine_limit_counters, tcp_connections_refused) - 0usize];
     ["Offset of field: mc_engine_limit_counters::tcp_connections_idle_closed"]
         [::core::mem::offset_of!(mc_engine_limit_counters, tcp_connections_idle_closed) - 8usize];
-    ["Offset of field: mc_engine_limit_counters::handshake_connections_refused"]
-        [::core::mem::offset_of!(mc_engine_limit_counters, handshake_connections_refused) - 16usize];
+    ["Offset of field: mc_engine_limit_counters::handshake_connections_refused"][::core::mem::offset_of!(
+        mc_engine_limit_counters,
+        handshake_connections_refused
+    ) - 16usize];
     ["Offset of field: mc_engine_limit_counters::notifications_refused"]
         [::core::mem::offset_of!(mc_engine_limit_counters, notifications_refused) - 24usize];
     ["Offset of field: mc_engine_limit_counters::notification_bytes_queued"]
