@@ -18,6 +18,7 @@ pub type mc_log_sink_fn = ::core::option::Option<
 >;
 pub type mc_buffer_info_t = mc_buffer_info;
 pub type mc_engine_counters_t = mc_engine_counters;
+pub type mc_engine_limit_counters_t = mc_engine_limit_counters;
 pub type mc_gpu_info_t = mc_gpu_info;
 pub type mc_dmabuf_t = mc_dmabuf;
 pub type mc_abi_field_t = mc_abi_field;
@@ -103,6 +104,16 @@ pub struct mc_engine_config {
     pub enable_cuda_ipc: u32,
     pub handshake_max_length: u64,
     pub enable_same_host: u32,
+    pub tcp_max_server_connections: u32,
+    pub tcp_max_connections_per_source: u32,
+    pub tcp_idle_timeout_ms: u32,
+    pub tcp_pooled_idle_timeout_ms: u32,
+    pub tcp_server_workers: u32,
+    pub handshake_max_connections: u32,
+    pub handshake_max_connections_per_source: u32,
+    pub notify_max_message_bytes: u32,
+    pub notify_max_bytes: u64,
+    pub allowed_peer_networks: *const ::core::ffi::c_char,
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -120,6 +131,15 @@ pub struct mc_engine_counters {
     pub local_copies: u64,
     pub same_host_requests: u64,
     pub same_host_served: u64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct mc_engine_limit_counters {
+    pub tcp_connections_refused: u64,
+    pub tcp_connections_idle_closed: u64,
+    pub handshake_connections_refused: u64,
+    pub notifications_refused: u64,
+    pub notification_bytes_queued: u64,
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -301,7 +321,7 @@ const _: () = {
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of mc_engine_config"][::core::mem::size_of::<mc_engine_config>() - 112usize];
+    ["Size of mc_engine_config"][::core::mem::size_of::<mc_engine_config>() - 160usize];
     ["Alignment of mc_engine_config"][::core::mem::align_of::<mc_engine_config>() - 8usize];
     ["Offset of field: mc_engine_config::struct_size"]
         [::core::mem::offset_of!(mc_engine_config, struct_size) - 0usize];
@@ -349,6 +369,28 @@ const _: () = {
         [::core::mem::offset_of!(mc_engine_config, handshake_max_length) - 96usize];
     ["Offset of field: mc_engine_config::enable_same_host"]
         [::core::mem::offset_of!(mc_engine_config, enable_same_host) - 104usize];
+    ["Offset of field: mc_engine_config::tcp_max_server_connections"]
+        [::core::mem::offset_of!(mc_engine_config, tcp_max_server_connections) - 108usize];
+    ["Offset of field: mc_engine_config::tcp_max_connections_per_source"]
+        [::core::mem::offset_of!(mc_engine_config, tcp_max_connections_per_source) - 112usize];
+    ["Offset of field: mc_engine_config::tcp_idle_timeout_ms"]
+        [::core::mem::offset_of!(mc_engine_config, tcp_idle_timeout_ms) - 116usize];
+    ["Offset of field: mc_engine_config::tcp_pooled_idle_timeout_ms"]
+        [::core::mem::offset_of!(mc_engine_config, tcp_pooled_idle_timeout_ms) - 120usize];
+    ["Offset of field: mc_engine_config::tcp_server_workers"]
+        [::core::mem::offset_of!(mc_engine_config, tcp_server_workers) - 124usize];
+    ["Offset of field: mc_engine_config::handshake_max_connections"]
+        [::core::mem::offset_of!(mc_engine_config, handshake_max_connections) - 128usize];
+    ["Offset of field: mc_engine_config::handshake_max_connections_per_source"][::core::mem::offset_of!(
+        mc_engine_config,
+        handshake_max_connections_per_source
+    ) - 132usize];
+    ["Offset of field: mc_engine_config::notify_max_message_bytes"]
+        [::core::mem::offset_of!(mc_engine_config, notify_max_message_bytes) - 136usize];
+    ["Offset of field: mc_engine_config::notify_max_bytes"]
+        [::core::mem::offset_of!(mc_engine_config, notify_max_bytes) - 144usize];
+    ["Offset of field: mc_engine_config::allowed_peer_networks"]
+        [::core::mem::offset_of!(mc_engine_config, allowed_peer_networks) - 152usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -377,6 +419,25 @@ const _: () = {
         [::core::mem::offset_of!(mc_engine_counters, same_host_requests) - 40usize];
     ["Offset of field: mc_engine_counters::same_host_served"]
         [::core::mem::offset_of!(mc_engine_counters, same_host_served) - 48usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of mc_engine_limit_counters"]
+        [::core::mem::size_of::<mc_engine_limit_counters>() - 40usize];
+    ["Alignment of mc_engine_limit_counters"]
+        [::core::mem::align_of::<mc_engine_limit_counters>() - 8usize];
+    ["Offset of field: mc_engine_limit_counters::tcp_connections_refused"]
+        [::core::mem::offset_of!(mc_engine_limit_counters, tcp_connections_refused) - 0usize];
+    ["Offset of field: mc_engine_limit_counters::tcp_connections_idle_closed"]
+        [::core::mem::offset_of!(mc_engine_limit_counters, tcp_connections_idle_closed) - 8usize];
+    ["Offset of field: mc_engine_limit_counters::handshake_connections_refused"][::core::mem::offset_of!(
+        mc_engine_limit_counters,
+        handshake_connections_refused
+    ) - 16usize];
+    ["Offset of field: mc_engine_limit_counters::notifications_refused"]
+        [::core::mem::offset_of!(mc_engine_limit_counters, notifications_refused) - 24usize];
+    ["Offset of field: mc_engine_limit_counters::notification_bytes_queued"]
+        [::core::mem::offset_of!(mc_engine_limit_counters, notification_bytes_queued) - 32usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -710,6 +771,10 @@ unsafe extern "C" {
     pub fn mc_engine_get_counters(
         engine: transfer_engine_t,
         out: *mut mc_engine_counters_t,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_engine_get_limit_counters(
+        engine: transfer_engine_t,
+        out: *mut mc_engine_limit_counters_t,
     ) -> ::core::ffi::c_int;
     pub fn mc_gpu_query(
         info: *mut mc_gpu_info_t,

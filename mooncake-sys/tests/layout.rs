@@ -95,7 +95,26 @@ fn rust_layout() -> BTreeMap<(String, String), (usize, usize)> {
         metadata_cache,
         enable_cuda_ipc,
         handshake_max_length,
-        enable_same_host
+        enable_same_host,
+        tcp_max_server_connections,
+        tcp_max_connections_per_source,
+        tcp_idle_timeout_ms,
+        tcp_pooled_idle_timeout_ms,
+        tcp_server_workers,
+        handshake_max_connections,
+        handshake_max_connections_per_source,
+        notify_max_message_bytes,
+        notify_max_bytes,
+        allowed_peer_networks
+    );
+    layout!(
+        m,
+        mc_engine_limit_counters,
+        tcp_connections_refused,
+        tcp_connections_idle_closed,
+        handshake_connections_refused,
+        notifications_refused,
+        notification_bytes_queued
     );
     m
 }

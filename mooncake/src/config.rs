@@ -108,6 +108,22 @@ pub struct EngineBuilder {
     device_allow_list: Option<String>,
     device_deny_list: Option<String>,
     gpu_registration: GpuRegistration,
+    limits: Limits,
+}
+
+/// Listener limits; `None` keeps the engine's default (or `MC_*` variable).
+#[derive(Debug, Clone, Default)]
+struct Limits {
+    tcp_max_server_connections: Option<u32>,
+    tcp_max_connections_per_source: Option<u32>,
+    tcp_idle_timeout: Option<Duration>,
+    tcp_pooled_idle_timeout: Option<Duration>,
+    tcp_server_workers: Option<u32>,
+    handshake_max_connections: Option<u32>,
+    handshake_max_connections_per_source: Option<u32>,
+    notify_max_bytes: Option<u64>,
+    notify_max_message_bytes: Option<u32>,
+    allowed_peer_networks: Option<String>,
 }
 
 impl Default for EngineBuilder {
@@ -132,6 +148,7 @@ impl Default for EngineBuilder {
             device_allow_list: None,
             device_deny_list: None,
             gpu_registration: GpuRegistration::FromEnv,
+            limits: Limits::default(),
         }
     }
 }
@@ -283,6 +300,90 @@ impl EngineBuilder {
         self
     }
 
+    /// Most connections the TCP data port holds at once (default 1024,
+    /// `MC_TCP_MAX_SERVER_CONNECTIONS`); more are closed at accept.
+    pub fn tcp_max_server_connections(mut self, n: u32) -> Self {
+        self.limits.tcp_max_server_connections = Some(n);
+        self
+    }
+
+    /// Most data-port connections from one source address (default 0 =
+    /// max(8, [`tcp_max_server_connections`](Self::tcp_max_server_connections) / 8),
+    /// `MC_TCP_MAX_CONNECTIONS_PER_SOURCE`), so that one client cannot take
+    /// every slot.
+    pub fn tcp_max_connections_per_source(mut self, n: u32) -> Self {
+        self.limits.tcp_max_connections_per_source = Some(n);
+        self
+    }
+
+    /// Time a fresh data-port connection has to send its first complete
+    /// request header before it is closed (default 5 s,
+    /// `MC_TCP_IDLE_TIMEOUT_MS`).
+    pub fn tcp_idle_timeout(mut self, d: Duration) -> Self {
+        self.limits.tcp_idle_timeout = Some(d);
+        self
+    }
+
+    /// Time a data-port connection that has served requests may stay idle
+    /// between them before it is closed (default 120 s,
+    /// `MC_TCP_POOLED_IDLE_TIMEOUT_MS`); clients reconnect when needed.
+    pub fn tcp_pooled_idle_timeout(mut self, d: Duration) -> Self {
+        self.limits.tcp_pooled_idle_timeout = Some(d);
+        self
+    }
+
+    /// Worker threads that serve data-port connections with a request
+    /// ready (default 0 = from the core count, 8..64;
+    /// `MC_TCP_SERVER_WORKERS`). Idle connections hold no thread.
+    pub fn tcp_server_workers(mut self, n: u32) -> Self {
+        self.limits.tcp_server_workers = Some(n);
+        self
+    }
+
+    /// Most connections the handshake port holds at once; beyond it the
+    /// oldest is dropped (default 256, `MC_HANDSHAKE_MAX_CONNECTIONS`).
+    pub fn handshake_max_connections(mut self, n: u32) -> Self {
+        self.limits.handshake_max_connections = Some(n);
+        self
+    }
+
+    /// Most handshake-port connections from one source address (default 0
+    /// = max(8, [`handshake_max_connections`](Self::handshake_max_connections) / 8),
+    /// `MC_HANDSHAKE_MAX_CONNECTIONS_PER_SOURCE`).
+    pub fn handshake_max_connections_per_source(mut self, n: u32) -> Self {
+        self.limits.handshake_max_connections_per_source = Some(n);
+        self
+    }
+
+    /// Bytes (name + message) of received notifications queued until the
+    /// application drains them (default 64 MiB, `MC_NOTIFY_MAX_BYTES`);
+    /// beyond it a peer's notify fails at the peer.
+    pub fn notify_max_bytes(mut self, n: u64) -> Self {
+        self.limits.notify_max_bytes = Some(n);
+        self
+    }
+
+    /// Largest received notification, name + message in bytes (default
+    /// 64 KiB, `MC_NOTIFY_MAX_MESSAGE_BYTES`); a larger one fails at the
+    /// peer.
+    pub fn notify_max_message_bytes(mut self, n: u32) -> Self {
+        self.limits.notify_max_message_bytes = Some(n);
+        self
+    }
+
+    /// Source networks allowed to connect to the handshake and data ports,
+    /// as CIDR (`"10.1.0.0/16"`, `"fd00::/8"`, or one address); connections
+    /// from elsewhere are closed at accept. Default: any
+    /// (`MC_ALLOWED_PEER_NETWORKS`, comma-separated). A bad entry fails
+    /// [`build`](Self::build) with an error naming it.
+    pub fn allowed_peer_networks<S: AsRef<str>>(
+        mut self,
+        networks: impl IntoIterator<Item = S>,
+    ) -> Self {
+        self.limits.allowed_peer_networks = Some(join(networks));
+        self
+    }
+
     /// Starts the engine: binds its listeners and installs the transport.
     pub fn build(self) -> Result<Engine> {
         ffi::install_log_sink();
@@ -365,6 +466,42 @@ impl EngineBuilder {
             cfg.device_deny_list = d.as_ptr();
         }
         cfg.gpu_registration_mode = self.gpu_registration.raw();
+        let l = &self.limits;
+        if let Some(n) = l.tcp_max_server_connections {
+            cfg.tcp_max_server_connections = n;
+        }
+        if let Some(n) = l.tcp_max_connections_per_source {
+            cfg.tcp_max_connections_per_source = n;
+        }
+        if let Some(d) = l.tcp_idle_timeout {
+            cfg.tcp_idle_timeout_ms = millis("tcp_idle_timeout", d)?;
+        }
+        if let Some(d) = l.tcp_pooled_idle_timeout {
+            cfg.tcp_pooled_idle_timeout_ms = millis("tcp_pooled_idle_timeout", d)?;
+        }
+        if let Some(n) = l.tcp_server_workers {
+            cfg.tcp_server_workers = n;
+        }
+        if let Some(n) = l.handshake_max_connections {
+            cfg.handshake_max_connections = n;
+        }
+        if let Some(n) = l.handshake_max_connections_per_source {
+            cfg.handshake_max_connections_per_source = n;
+        }
+        if let Some(n) = l.notify_max_bytes {
+            cfg.notify_max_bytes = n;
+        }
+        if let Some(n) = l.notify_max_message_bytes {
+            cfg.notify_max_message_bytes = n;
+        }
+        let nets = l
+            .allowed_peer_networks
+            .as_deref()
+            .map(|s| OwnedCString::new("allowed_peer_networks", s))
+            .transpose()?;
+        if let Some(n) = &nets {
+            cfg.allowed_peer_networks = n.as_ptr();
+        }
         let raw = ffi::RawEngine::create(&cfg)?;
         let mut rdma_unavailable = None;
         if self.protocol == Protocol::Auto {

@@ -109,6 +109,29 @@ typedef struct mc_engine_config {
      * falls back to TCP when refused. 0 = TCP
      * only, as initiator and as target (MC_DISABLE_SAME_HOST_PATH). */
     uint32_t enable_same_host;
+    /* Appended fields. A caller built against the header without them
+     * passes the older struct_size; they then keep their defaults. */
+    /* Data port: connections in all, and from one source address (0 =
+     * max(8, total / 8)); a fresh connection's time for its first request
+     * header; a pooled connection's idle time between requests; worker
+     * threads serving ready connections (0 = from the core count). */
+    uint32_t tcp_max_server_connections;
+    uint32_t tcp_max_connections_per_source;
+    uint32_t tcp_idle_timeout_ms;
+    uint32_t tcp_pooled_idle_timeout_ms;
+    uint32_t tcp_server_workers;
+    /* Handshake port: connections in all (the oldest is shed beyond it),
+     * and from one source address (0 = max(8, total / 8)). */
+    uint32_t handshake_max_connections;
+    uint32_t handshake_max_connections_per_source;
+    /* Received notifications: bytes of name + message of one, and of all
+     * queued (not yet drained); beyond either the sender's notify fails. */
+    uint32_t notify_max_message_bytes;
+    uint64_t notify_max_bytes;
+    /* Comma-separated CIDR networks (IPv4/IPv6) that may connect to the
+     * handshake and data ports; NULL = MC_ALLOWED_PEER_NETWORKS or any,
+     * "" = any. */
+    const char *allowed_peer_networks;
 } mc_engine_config_t;
 
 int mc_engine_config_default(mc_engine_config_t *cfg);
@@ -202,6 +225,17 @@ typedef struct mc_engine_counters {
     uint64_t same_host_served;      /* as target: same-host copies done for peers */
 } mc_engine_counters_t;
 int mc_engine_get_counters(transfer_engine_t engine, mc_engine_counters_t *out);
+
+/* What an engine's listeners have refused so far (own struct, so that
+ * mc_engine_counters_t keeps its size for existing callers). */
+typedef struct mc_engine_limit_counters {
+    uint64_t tcp_connections_refused;     /* data port: allow-list or caps */
+    uint64_t tcp_connections_idle_closed; /* data port: idle deadlines */
+    uint64_t handshake_connections_refused; /* allow-list, cap, or shed */
+    uint64_t notifications_refused;       /* over the size or byte budget */
+    uint64_t notification_bytes_queued;   /* now, not yet drained */
+} mc_engine_limit_counters_t;
+int mc_engine_get_limit_counters(transfer_engine_t engine, mc_engine_limit_counters_t *out);
 
 /* GPU support. In a CPU build, or without a usable GPU and driver, the
  * calls below fail with ERR_NOT_IMPLEMENTED / ERR_CONTEXT and a message that

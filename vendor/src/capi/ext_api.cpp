@@ -22,12 +22,19 @@ void copy_out(const std::string &s, char *buf, size_t len, size_t *needed) {
     std::memcpy(buf, s.c_str(), s.size() + 1);
 }
 
+// The size of mc_engine_config_t before the fields from
+// tcp_max_server_connections on were appended.
+constexpr size_t kConfigV1Size =
+    (offsetof(mc_engine_config_t, tcp_max_server_connections) + alignof(mc_engine_config_t) - 1) &
+    ~(alignof(mc_engine_config_t) - 1);
+
 EngineConfig to_engine_config(const mc_engine_config_t &c) {
-    if (c.struct_size != sizeof(mc_engine_config_t))
+    if (c.struct_size != sizeof(mc_engine_config_t) && c.struct_size != kConfigV1Size)
         throw Error(kErrInvalidArgument,
                     "mc_engine_config.struct_size is " + std::to_string(c.struct_size) +
                         ", this library expects " + std::to_string(sizeof(mc_engine_config_t)) +
-                        " (header/library mismatch?)");
+                        " (or " + std::to_string(kConfigV1Size) +
+                        " from an older header; header/library mismatch?)");
     EngineConfig e = EngineConfig::from_env();
     e.protocols = c.protocols;
     if (c.metadata_conn_string) e.metadata_conn_string = c.metadata_conn_string;
@@ -51,6 +58,17 @@ EngineConfig to_engine_config(const mc_engine_config_t &c) {
     e.enable_cuda_ipc = c.enable_cuda_ipc != 0;
     e.handshake_max_length = c.handshake_max_length;
     e.enable_same_host = c.enable_same_host != 0;
+    if (c.struct_size == kConfigV1Size) return e;
+    e.tcp_max_server_connections = c.tcp_max_server_connections;
+    e.tcp_max_connections_per_source = c.tcp_max_connections_per_source;
+    e.tcp_idle_timeout_ms = c.tcp_idle_timeout_ms;
+    e.tcp_pooled_idle_timeout_ms = c.tcp_pooled_idle_timeout_ms;
+    e.tcp_server_workers = c.tcp_server_workers;
+    e.handshake_max_connections = c.handshake_max_connections;
+    e.handshake_max_connections_per_source = c.handshake_max_connections_per_source;
+    e.notify_max_message_bytes = c.notify_max_message_bytes;
+    e.notify_max_bytes = c.notify_max_bytes;
+    if (c.allowed_peer_networks) e.allowed_peer_networks = split_list(c.allowed_peer_networks);
     return e;
 }
 
@@ -83,6 +101,16 @@ int mc_engine_config_default(mc_engine_config_t *cfg) {
         cfg->enable_cuda_ipc = e.enable_cuda_ipc ? 1 : 0;
         cfg->handshake_max_length = e.handshake_max_length;
         cfg->enable_same_host = e.enable_same_host ? 1 : 0;
+        cfg->tcp_max_server_connections = e.tcp_max_server_connections;
+        cfg->tcp_max_connections_per_source = e.tcp_max_connections_per_source;
+        cfg->tcp_idle_timeout_ms = e.tcp_idle_timeout_ms;
+        cfg->tcp_pooled_idle_timeout_ms = e.tcp_pooled_idle_timeout_ms;
+        cfg->tcp_server_workers = e.tcp_server_workers;
+        cfg->handshake_max_connections = e.handshake_max_connections;
+        cfg->handshake_max_connections_per_source = e.handshake_max_connections_per_source;
+        cfg->notify_max_message_bytes = e.notify_max_message_bytes;
+        cfg->notify_max_bytes = e.notify_max_bytes;
+        cfg->allowed_peer_networks = nullptr;  // MC_ALLOWED_PEER_NETWORKS or any
         return 0;
     });
 }
@@ -288,6 +316,17 @@ int mc_engine_get_counters(transfer_engine_t engine, mc_engine_counters_t *out) 
     });
 }
 
+int mc_engine_get_limit_counters(transfer_engine_t engine, mc_engine_limit_counters_t *out) {
+    return guard_errcode("mc_engine_get_limit_counters", [&] {
+        if (!out) throw Error(kErrInvalidArgument, "out pointer is null");
+        auto c = engine_of(engine, "mc_engine_get_limit_counters")->counters();
+        *out = mc_engine_limit_counters_t{c.tcp_conns_refused, c.tcp_conns_idle_closed,
+                                          c.hs_conns_refused, c.notifies_refused,
+                                          c.notify_bytes_queued};
+        return 0;
+    });
+}
+
 int mc_gpu_query(mc_gpu_info_t *info, char *reason, size_t reason_len) {
     return guard_errcode("mc_gpu_query", [&] {
         if (!info) throw Error(kErrInvalidArgument, "info pointer is null");
@@ -458,6 +497,22 @@ size_t mc_abi_describe(const mc_abi_field_t **fields) {
         MC_ABI_FIELD(mc_engine_config, enable_cuda_ipc),
         MC_ABI_FIELD(mc_engine_config, handshake_max_length),
         MC_ABI_FIELD(mc_engine_config, enable_same_host),
+        MC_ABI_FIELD(mc_engine_config, tcp_max_server_connections),
+        MC_ABI_FIELD(mc_engine_config, tcp_max_connections_per_source),
+        MC_ABI_FIELD(mc_engine_config, tcp_idle_timeout_ms),
+        MC_ABI_FIELD(mc_engine_config, tcp_pooled_idle_timeout_ms),
+        MC_ABI_FIELD(mc_engine_config, tcp_server_workers),
+        MC_ABI_FIELD(mc_engine_config, handshake_max_connections),
+        MC_ABI_FIELD(mc_engine_config, handshake_max_connections_per_source),
+        MC_ABI_FIELD(mc_engine_config, notify_max_message_bytes),
+        MC_ABI_FIELD(mc_engine_config, notify_max_bytes),
+        MC_ABI_FIELD(mc_engine_config, allowed_peer_networks),
+        MC_ABI_STRUCT(mc_engine_limit_counters),
+        MC_ABI_FIELD(mc_engine_limit_counters, tcp_connections_refused),
+        MC_ABI_FIELD(mc_engine_limit_counters, tcp_connections_idle_closed),
+        MC_ABI_FIELD(mc_engine_limit_counters, handshake_connections_refused),
+        MC_ABI_FIELD(mc_engine_limit_counters, notifications_refused),
+        MC_ABI_FIELD(mc_engine_limit_counters, notification_bytes_queued),
     };
     if (fields) *fields = kFields;
     return sizeof kFields / sizeof kFields[0];

@@ -3,6 +3,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/peer_filter.h"
 
 namespace mcrs {
 
@@ -55,6 +56,27 @@ EngineConfig EngineConfig::from_env() {
     if (env_present("MC_DISABLE_SAME_HOST_PATH")) c.enable_same_host = false;
     if (auto f = env_string("MC_TE_FILTERS")) c.device_allow_list = split_list(*f);
     if (env_present("MC_FORCE_TCP")) c.protocols = kProtoTcp;
+    auto u32 = [](const char *name, uint32_t def, int64_t min, int64_t max) {
+        return static_cast<uint32_t>(env_int(name, def, min, max));
+    };
+    c.tcp_max_server_connections =
+        u32("MC_TCP_MAX_SERVER_CONNECTIONS", c.tcp_max_server_connections, 1, 1 << 20);
+    c.tcp_max_connections_per_source =
+        u32("MC_TCP_MAX_CONNECTIONS_PER_SOURCE", c.tcp_max_connections_per_source, 0, 1 << 20);
+    c.tcp_idle_timeout_ms = u32("MC_TCP_IDLE_TIMEOUT_MS", c.tcp_idle_timeout_ms, 1, 3600000);
+    c.tcp_pooled_idle_timeout_ms =
+        u32("MC_TCP_POOLED_IDLE_TIMEOUT_MS", c.tcp_pooled_idle_timeout_ms, 1, 86400000);
+    c.tcp_server_workers = u32("MC_TCP_SERVER_WORKERS", c.tcp_server_workers, 0, 1024);
+    c.handshake_max_connections =
+        u32("MC_HANDSHAKE_MAX_CONNECTIONS", c.handshake_max_connections, 1, 1 << 20);
+    c.handshake_max_connections_per_source = u32("MC_HANDSHAKE_MAX_CONNECTIONS_PER_SOURCE",
+                                                 c.handshake_max_connections_per_source, 0, 1 << 20);
+    c.notify_max_bytes = static_cast<uint64_t>(
+        env_int("MC_NOTIFY_MAX_BYTES", static_cast<int64_t>(c.notify_max_bytes), 1,
+                int64_t(1) << 40));
+    c.notify_max_message_bytes =
+        u32("MC_NOTIFY_MAX_MESSAGE_BYTES", c.notify_max_message_bytes, 1, 128 << 20);
+    if (auto a = env_string("MC_ALLOWED_PEER_NETWORKS")) c.allowed_peer_networks = split_list(*a);
     return c;
 }
 
@@ -95,6 +117,12 @@ void EngineConfig::validate() const {
     if (tcp_proto_version != 1 && tcp_proto_version != 2) fail("tcp_proto_version must be 1 or 2");
     if (handshake_max_connections == 0) fail("handshake_max_connections must be > 0");
     if (tcp_max_server_connections == 0) fail("tcp_max_server_connections must be > 0");
+    if (tcp_idle_timeout_ms == 0) fail("tcp_idle_timeout_ms must be > 0");
+    if (tcp_pooled_idle_timeout_ms == 0) fail("tcp_pooled_idle_timeout_ms must be > 0");
+    if (tcp_server_workers > 1024) fail("tcp_server_workers must be in 0..1024");
+    if (notify_max_bytes == 0) fail("notify_max_bytes must be > 0");
+    if (notify_max_message_bytes == 0) fail("notify_max_message_bytes must be > 0");
+    PeerFilter::parse(allowed_peer_networks);  // throws naming the bad entry
     if ((protocols & ~(kProtoTcp | kProtoRdma)) != 0) fail("unknown protocol bits");
     int mode = static_cast<int>(gpu_registration_mode);
     if (mode < 0 || mode > 3) fail("gpu_registration_mode must be 0..3");

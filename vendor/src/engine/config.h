@@ -37,6 +37,8 @@ struct EngineConfig {
     uint32_t handshake_timeout_ms = 10000;  // whole request/reply exchange
     uint64_t handshake_max_length = 1u << 20;
     uint32_t handshake_max_connections = 256;
+    // 0 = max(8, handshake_max_connections / 8).
+    uint32_t handshake_max_connections_per_source = 0;
     // RDMA ready-ACK wait (PROTOCOL.md 6.2 step 4); settable for tests only.
     uint32_t rdma_ready_ack_timeout_ms = 10000;
 
@@ -46,6 +48,15 @@ struct EngineConfig {
     uint32_t tcp_pipeline_depth = 64;
     uint32_t tcp_proto_version = 2;  // 1 = speak v1 framing as initiator
     uint32_t tcp_max_server_connections = 1024;
+    // Data-port limits (one client must not exhaust the port): connections
+    // from one source address (0 = max(8, tcp_max_server_connections / 8)),
+    // the time a fresh connection has for its first request header, the
+    // time a pooled one may wait between requests, and the worker threads
+    // that serve ready connections (0 = from the core count, 8..64).
+    uint32_t tcp_max_connections_per_source = 0;
+    uint32_t tcp_idle_timeout_ms = 5000;
+    uint32_t tcp_pooled_idle_timeout_ms = 120000;
+    uint32_t tcp_server_workers = 0;
 
     bool metadata_cache = true;
     // Same-host GPU path: advertise CUDA IPC handles for device buffers and
@@ -61,6 +72,13 @@ struct EngineConfig {
     // of one process, use TCP. Off: plain TCP (env MC_DISABLE_SAME_HOST_PATH).
     bool enable_same_host = true;
     uint64_t max_notifications = 1u << 20;  // queued, not yet drained
+    // Bytes (name + message) of notifications queued, and of one of them;
+    // beyond either the sender is told the notify failed.
+    uint64_t notify_max_bytes = uint64_t(64) << 20;
+    uint32_t notify_max_message_bytes = 64u << 10;
+    // Source networks (CIDR, IPv4/IPv6) allowed to connect to the handshake
+    // and data ports; empty = any (env MC_ALLOWED_PEER_NETWORKS).
+    std::vector<std::string> allowed_peer_networks;
 
     // Defaults, then the MC_* environment variables that upstream honours.
     static EngineConfig from_env();

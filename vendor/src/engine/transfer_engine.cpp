@@ -77,7 +77,8 @@ HandshakeClientOptions client_options(const EngineConfig &c) {
 
 TransferEngine::TransferEngine(EngineConfig cfg)
     : cfg_(std::move(cfg)),
-      notifies_(cfg_.max_notifications),
+      notifies_(NotifyLimits{cfg_.max_notifications, cfg_.notify_max_bytes,
+                             cfg_.notify_max_message_bytes}),
       segments_([this](const std::string &n) { return fetch_descriptor(n); }) {
     cfg_.validate();
     cfg_.gpu_registration_mode = resolve_gpu_registration_mode(cfg_.gpu_registration_mode);
@@ -104,6 +105,8 @@ TransferEngine::TransferEngine(EngineConfig cfg)
     ho.timeout_ms = cfg_.handshake_timeout_ms;
     ho.max_length = cfg_.handshake_max_length;
     ho.max_connections = cfg_.handshake_max_connections;
+    ho.max_connections_per_source = cfg_.handshake_max_connections_per_source;
+    ho.allowed_peers = PeerFilter::parse(cfg_.allowed_peer_networks);
     handshake_ = std::make_unique<HandshakeServer>(
         std::move(hs), ho,
         [this](uint8_t t, const Json &req, Json &reply) { return handle_handshake(t, req, reply); });
@@ -189,7 +192,11 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
     TcpServerOptions so;
     so.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
     so.max_connections = cfg_.tcp_max_server_connections;
-    so.enable_same_host = false;  // the TCP lane proves nothing about a peer's process
+    so.max_connections_per_source = cfg_.tcp_max_connections_per_source;
+    so.idle_timeout_ms = cfg_.tcp_idle_timeout_ms;
+    so.pooled_idle_timeout_ms = cfg_.tcp_pooled_idle_timeout_ms;
+    so.workers = cfg_.tcp_server_workers;
+    so.allowed_peers = PeerFilter::parse(cfg_.allowed_peer_networks);
     tcp_server_ = std::make_unique<TcpServer>(std::move(data), registry_, so);
     tcp_server_->start();
     TcpClientOptions co;
@@ -225,12 +232,17 @@ TransferEngine::Counters TransferEngine::counters() const {
     if (tcp_server_) {
         c.tcp_served = tcp_server_->served_requests();
         c.tcp_rejected = tcp_server_->rejected_requests();
+        c.tcp_conns_refused = tcp_server_->refused_connections();
+        c.tcp_conns_idle_closed = tcp_server_->idle_closed_connections();
     }
     if (same_host_client_) c.same_host_sent = same_host_client_->requests_sent();
     if (same_host_server_) {
         c.same_host_served = same_host_server_->served();
         c.tcp_rejected += same_host_server_->rejected();
     }
+    if (handshake_) c.hs_conns_refused = handshake_->refused_connections();
+    c.notifies_refused = notifies_.refused();
+    c.notify_bytes_queued = notifies_.queued_bytes();
     if (ipc_) c.ipc_copies = ipc_->copies();
     c.local_copies = local_copies_.load(std::memory_order_relaxed);
     return c;
@@ -288,8 +300,16 @@ bool TransferEngine::handle_handshake(uint8_t type, const Json &req, Json &reply
             return true;
         case kHsNotify: {
             Notification n{json_string_or(req, "name", ""), json_string_or(req, "notify_msg", "")};
-            bool ok = notifies_.push(std::move(n));
-            if (!ok) MC_LOG(Warn, "notification queue full; rejecting a notify");
+            NotifyQueue::Push r = notifies_.push(std::move(n));
+            const bool ok = r == NotifyQueue::Push::Ok;
+            uint64_t skipped = 0;
+            if (!ok && notify_log_.should_log(skipped))
+                MC_LOG(Warn, (r == NotifyQueue::Push::TooLarge
+                                  ? "rejecting a notify above notify_max_message_bytes ("
+                                  : "notification queue full; rejecting a notify (limit ")
+                                 << (r == NotifyQueue::Push::TooLarge ? cfg_.notify_max_message_bytes
+                                                                      : cfg_.notify_max_bytes)
+                                 << " bytes; " << skipped << " more not logged)");
             reply = Json::object();
             reply.set("name", "");
             reply.set("notify_msg", ok ? "success" : "");

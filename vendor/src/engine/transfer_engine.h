@@ -13,6 +13,7 @@
 #include "engine/batch.h"
 #include "engine/config.h"
 #include "engine/memory_registry.h"
+#include "common/peer_filter.h"
 #include "engine/notify_queue.h"
 #include "engine/segment_cache.h"
 
@@ -103,6 +104,8 @@ public:
     struct Counters {
         uint64_t tcp_sent, tcp_served, tcp_rejected, ipc_copies, local_copies;
         uint64_t same_host_sent, same_host_served;
+        uint64_t tcp_conns_refused, tcp_conns_idle_closed, hs_conns_refused;
+        uint64_t notifies_refused, notify_bytes_queued;
     };
     Counters counters() const;
 
@@ -132,6 +135,7 @@ private:
 
     MemoryRegistry registry_;
     NotifyQueue notifies_;
+    RateLimitedLog notify_log_;
     SegmentCache segments_;
     BatchTable batches_;
 

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <vector>
@@ -19,6 +20,7 @@ using Clock = std::chrono::steady_clock;
 struct HandshakeServer::Conn {
     enum class State { ReadHeader, ReadBody, Write, Drain };
     Fd fd;
+    std::string source;
     State state = State::ReadHeader;
     unsigned char header[kFrameHeaderLen];
     size_t header_got = 0;
@@ -30,8 +32,16 @@ struct HandshakeServer::Conn {
 };
 
 HandshakeServer::HandshakeServer(Fd listener, HandshakeServerOptions opt, Handler handler)
-    : listener_(std::move(listener)), opt_(opt), handler_(std::move(handler)) {
+    : listener_(std::move(listener)), opt_(std::move(opt)), handler_(std::move(handler)) {
     set_nonblocking(listener_.get(), true);
+    per_source_cap_ = opt_.max_connections_per_source;
+    if (per_source_cap_ == 0) per_source_cap_ = std::max<uint32_t>(8, opt_.max_connections / 8);
+}
+
+void HandshakeServer::erase(std::list<Conn>::iterator it) {
+    auto s = per_source_.find(it->source);
+    if (s != per_source_.end() && --s->second == 0) per_source_.erase(s);
+    conns_.erase(it);
 }
 
 HandshakeServer::~HandshakeServer() { stop(); }
@@ -44,26 +54,52 @@ void HandshakeServer::stop() {
     wake_.wake();
     thread_.join();
     conns_.clear();
+    per_source_.clear();
 }
 
 void HandshakeServer::accept_all() {
     for (;;) {
-        int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr *>(&ss), &len,
+                           SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR) continue;
+            if (errno == EINTR || errno == ECONNABORTED) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 MC_LOG(Warn, "handshake accept(): " << errno_string(errno));
             return;
         }
+        Fd guard(fd);
+        std::string src = source_key(ss);
+        const char *why = nullptr;
+        auto it = per_source_.find(src);
+        if (!opt_.allowed_peers.allows(src)) why = "not in the allowed peer networks";
+        else if (it != per_source_.end() && it->second >= per_source_cap_)
+            why = "its address is at its connection limit";
+        if (why) {
+            refused_.fetch_add(1, std::memory_order_relaxed);
+            uint64_t skipped = 0;
+            if (refuse_log_.should_log(skipped))
+                MC_LOG(Warn, "handshake listener: refused a connection from "
+                                 << source_text(src) << ": " << why << " (" << per_source_cap_
+                                 << " per address; " << skipped << " more refusals not logged)");
+            continue;
+        }
         if (conns_.size() >= opt_.max_connections) {
             // Shed the oldest connection: it is the one most likely to be idle.
-            MC_LOG(Warn, "handshake listener at its limit of " << opt_.max_connections
-                                                               << " connections; dropping the oldest");
-            conns_.pop_front();
+            refused_.fetch_add(1, std::memory_order_relaxed);
+            uint64_t skipped = 0;
+            if (refuse_log_.should_log(skipped))
+                MC_LOG(Warn, "handshake listener at its limit of "
+                                 << opt_.max_connections << " connections; dropping the oldest ("
+                                 << skipped << " more refusals not logged)");
+            erase(conns_.begin());
         }
         conns_.emplace_back();
         Conn &c = conns_.back();
-        c.fd.reset(fd);
+        c.fd = std::move(guard);
+        c.source = src;
+        ++per_source_[src];
         c.deadline = Clock::now() + std::chrono::milliseconds(opt_.timeout_ms);
     }
 }
@@ -159,7 +195,8 @@ void HandshakeServer::run() {
         int timeout = -1;
         for (auto it = conns_.begin(); it != conns_.end();) {
             if (it->deadline <= now) {
-                it = conns_.erase(it);
+                auto dead = it++;
+                erase(dead);
                 continue;
             }
             short ev = it->state == Conn::State::Write ? POLLOUT : POLLIN;
@@ -185,7 +222,7 @@ void HandshakeServer::run() {
             if (re & (POLLERR | POLLNVAL)) keep = false;
             else if (c.state == Conn::State::Write) keep = on_writable(c);
             else keep = on_readable(c);
-            if (!keep) conns_.erase(index[i]);
+            if (!keep) erase(index[i]);
         }
         if (pfds[1].revents & POLLIN) accept_all();
     }

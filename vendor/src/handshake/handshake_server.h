@@ -1,6 +1,8 @@
 // The handshake/RPC listener. Unlike upstream's serial loop, one thread
 // multiplexes every connection with poll(), each under its own deadline, so
-// a slow or silent client never delays anybody else's handshake.
+// a slow or silent client never delays anybody else's handshake. One source
+// address may hold only a share of the connections (and sources outside the
+// optional allow-list none), so one client cannot crowd out the others.
 #pragma once
 
 #include <chrono>
@@ -10,8 +12,10 @@
 #include <list>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "common/json.h"
+#include "common/peer_filter.h"
 #include "common/socket.h"
 
 namespace mcrs {
@@ -20,6 +24,9 @@ struct HandshakeServerOptions {
     uint32_t timeout_ms = 5000;  // per connection, from accept to close
     uint64_t max_length = 1u << 20;
     uint32_t max_connections = 256;
+    // 0 = max(8, max_connections / 8).
+    uint32_t max_connections_per_source = 0;
+    PeerFilter allowed_peers;
 };
 
 class HandshakeServer {
@@ -35,6 +42,8 @@ public:
 
     void start();
     void stop();
+    // Connections closed at accept (allow-list, per-source cap) or shed.
+    uint64_t refused_connections() const { return refused_.load(); }
 
 private:
     struct Conn;
@@ -51,7 +60,13 @@ private:
     WakePipe wake_;
     std::thread thread_;
     std::atomic<bool> stopping_{false};
+    void erase(std::list<Conn>::iterator it);
+
     std::list<Conn> conns_;
+    uint32_t per_source_cap_;
+    std::unordered_map<std::string, uint32_t> per_source_;
+    RateLimitedLog refuse_log_;
+    std::atomic<uint64_t> refused_{0};
 };
 
 }  // namespace mcrs

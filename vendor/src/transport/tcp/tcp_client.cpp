@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_client.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -286,6 +287,12 @@ void Lane::send_loop() {
         {
             std::unique_lock<std::mutex> lk(mu_);
             std::string why;
+            // An idle lane that the server closed (its idle deadline) is
+            // reconnected before use instead of failing the next request.
+            if (fd_.valid() && !broken_ && inflight_.empty() && !receiver_busy_) {
+                struct pollfd p = {fd_.get(), POLLIN | POLLRDHUP, 0};
+                if (::poll(&p, 1, 0) > 0) broken_ = true;
+            }
             if (stop_) why = "the engine is shutting down";
             else if ((broken_ || !fd_.valid()) && !connect_locked(lk, why)) {
                 if (why.empty()) why = "cannot connect";

@@ -1,9 +1,11 @@
 #include "transport/tcp/tcp_server.h"
 
+#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -14,73 +16,6 @@
 #include "transport/tcp/tcp_wire.h"
 
 namespace mcrs {
-
-TcpServer::TcpServer(Fd listener, const MemoryRegistry &registry, TcpServerOptions opt)
-    : listener_(std::move(listener)), registry_(registry), opt_(opt) {
-    set_nonblocking(listener_.get(), true);
-}
-
-TcpServer::~TcpServer() { stop(); }
-
-void TcpServer::start() { acceptor_ = std::thread([this] { accept_loop(); }); }
-
-void TcpServer::stop() {
-    if (stopping_.exchange(true)) return;
-    wake_.wake();
-    if (acceptor_.joinable()) acceptor_.join();
-    std::list<std::unique_ptr<Session>> sessions;
-    {
-        std::lock_guard<std::mutex> g(mu_);
-        sessions.swap(sessions_);
-    }
-    // Unblock sessions waiting in recv/send, then join them: after stop()
-    // no server thread touches registered memory.
-    for (auto &s : sessions) ::shutdown(s->fd.get(), SHUT_RDWR);
-    for (auto &s : sessions)
-        if (s->thread.joinable()) s->thread.join();
-}
-
-void TcpServer::reap_finished() {
-    for (auto it = sessions_.begin(); it != sessions_.end();) {
-        if ((*it)->done.load()) {
-            if ((*it)->thread.joinable()) (*it)->thread.join();
-            it = sessions_.erase(it);
-        } else {
-            ++it;
-        }
-    }
-}
-
-void TcpServer::accept_loop() {
-    while (!stopping_.load()) {
-        int r = wait_readable(listener_.get(), wake_.read_fd(), -1);
-        if (r < 0 || stopping_.load()) break;
-        for (;;) {
-            int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-            if (fd < 0) {
-                if (errno == EINTR) continue;
-                break;
-            }
-            std::lock_guard<std::mutex> g(mu_);
-            reap_finished();
-            if (sessions_.size() >= opt_.max_connections) {
-                MC_LOG(Warn, "TCP data server at its limit of " << opt_.max_connections
-                                                                << " connections; refusing one");
-                Fd drop(fd);
-                continue;
-            }
-            set_nonblocking(fd, false);
-            set_nodelay(fd);
-            set_io_timeouts(fd, static_cast<int>(opt_.progress_timeout_ms),
-                            static_cast<int>(opt_.progress_timeout_ms));
-            auto s = std::make_unique<Session>();
-            s->fd.reset(fd);
-            Session *raw = s.get();
-            sessions_.push_back(std::move(s));
-            raw->thread = std::thread([this, raw] { serve(raw); });
-        }
-    }
-}
 
 namespace {
 
@@ -96,7 +31,19 @@ std::string describe_request(const TcpHeader &h) {
     return s.str();
 }
 
-enum class Got { Ok, Eof, Timeout, Woken, Error };
+// Requests served in one worker pass before a connection that still has
+// input goes to the back of the queue (others may be waiting for a worker).
+constexpr unsigned kPassBudget = 1024;
+// While other workers are idle, a worker waits this long for a connection's
+// next request before handing it back to the loop: a peer that sends runs
+// of requests then costs no thread hand-off per run. A connection that gets
+// ready meanwhile goes to an idle worker, so lingering delays nobody.
+constexpr int kLingerMs = 10;
+
+// epoll tags of the listener and the wake pipe (sessions use their address).
+char kListenerTag, kWakeTag;
+
+enum class Got { Ok, Eof, WouldBlock, Woken, Error };
 
 }  // namespace
 
@@ -104,7 +51,8 @@ enum class Got { Ok, Eof, Timeout, Woken, Error };
 // gathered but not sent yet (with the pins of the memory they point to).
 class TcpServer::Conn {
 public:
-    Conn(int fd, int wake_fd, int timeout_ms) : fd_(fd), wake_fd_(wake_fd), timeout_ms_(timeout_ms) {
+    Conn(int fd, int wake_fd, const std::atomic<size_t> &queued, const std::atomic<size_t> &idle)
+        : fd_(fd), wake_fd_(wake_fd), queued_(queued), idle_(idle) {
         pins_.reserve(kMaxOutIov);
     }
 
@@ -116,12 +64,15 @@ public:
         if (beg_ == end_) beg_ = end_ = 0;
     }
     int last_errno() const { return err_; }
+    // The loop saw the socket readable.
+    void mark_readable() { drained_ = false; }
 
     // Makes at least `need` bytes available in the read-ahead buffer
-    // (need <= kInBuf). Sends the gathered answers before it waits: when the
-    // last read found the socket drained, answer first and then poll, so a
-    // peer that sends one request at a time costs poll + recv + sendmsg per
-    // request, and a pipelining one gets many answers per sendmsg.
+    // (need <= kInBuf). Sends the gathered answers before it would wait:
+    // when the last read found the socket drained, answer first, then
+    // linger briefly (only while another worker is idle),
+    // else report WouldBlock so that the loop waits instead. A pipelining
+    // peer gets many answers per sendmsg.
     Got fill(size_t need) {
         while (end_ - beg_ < need) {
             if (kInBuf - beg_ < need || end_ == kInBuf) {
@@ -131,10 +82,10 @@ public:
             }
             if (drained_) {
                 if (!flush()) return Got::Error;
-                // Between requests there is no deadline (peers pool their
-                // connections); inside one, the progress timeout applies.
-                int r = wait_readable(fd_, wake_fd_, end_ == beg_ ? -1 : timeout_ms_);
-                if (r == 0) return Got::Timeout;
+                if (idle_.load(std::memory_order_relaxed) <= queued_.load(std::memory_order_relaxed))
+                    return Got::WouldBlock;
+                int r = wait_readable(fd_, wake_fd_, kLingerMs);
+                if (r == 0) return Got::WouldBlock;
                 if (r < 0) return Got::Woken;
                 drained_ = false;
             }
@@ -260,7 +211,8 @@ private:
         return r;
     }
 
-    int fd_, wake_fd_, timeout_ms_;
+    int fd_, wake_fd_;
+    const std::atomic<size_t> &queued_, &idle_;
     int err_ = 0;
     bool drained_ = true;  // the last read left nothing in the socket
 
@@ -276,19 +228,257 @@ private:
     std::vector<RegionPin> pins_;
 };
 
-void TcpServer::serve(Session *s) {
-    const int fd = s->fd.get();
-    auto conn = std::make_unique<Conn>(fd, wake_.read_fd(), static_cast<int>(opt_.progress_timeout_ms));
-    Conn &c = *conn;
+TcpServer::TcpServer(Fd listener, const MemoryRegistry &registry, TcpServerOptions opt)
+    : listener_(std::move(listener)), registry_(registry), opt_(std::move(opt)) {
+    set_nonblocking(listener_.get(), true);
+    per_source_cap_ = opt_.max_connections_per_source;
+    if (per_source_cap_ == 0) per_source_cap_ = std::max<uint32_t>(8, opt_.max_connections / 8);
+    if (opt_.workers == 0) {
+        unsigned hw = std::thread::hardware_concurrency();
+        opt_.workers = std::min(64u, std::max(8u, 2 * hw));
+    }
+    ready_.assign(opt_.max_connections, nullptr);
+    epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!epoll_.valid()) throw Error(kErrSocket, "epoll_create1(): " + errno_string(errno));
+    struct epoll_event ev;
+    std::memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN;
+    ev.data.ptr = &kListenerTag;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &ev) != 0)
+        throw Error(kErrSocket, "epoll_ctl(listener): " + errno_string(errno));
+    ev.data.ptr = &kWakeTag;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.read_fd(), &ev) != 0)
+        throw Error(kErrSocket, "epoll_ctl(wake): " + errno_string(errno));
+}
+
+TcpServer::~TcpServer() { stop(); }
+
+void TcpServer::start() {
+    next_scan_ = Clock::now();
+    loop_thread_ = std::thread([this] { loop(); });
+    for (uint32_t i = 0; i < opt_.workers; ++i) workers_.emplace_back([this] { worker(); });
+}
+
+void TcpServer::stop() {
+    if (stopping_.exchange(true)) return;
+    wake_.wake();
+    if (loop_thread_.joinable()) loop_thread_.join();
+    {
+        // Unblock workers waiting in recv/send on a connection; after the
+        // joins no server thread touches registered memory.
+        std::lock_guard<std::mutex> g(mu_);
+        for (auto &kv : sessions_) ::shutdown(kv.first->fd.get(), SHUT_RDWR);
+    }
+    ready_cv_.notify_all();
+    for (auto &t : workers_)
+        if (t.joinable()) t.join();
+    std::lock_guard<std::mutex> g(mu_);
+    ready_len_ = 0;
+    sessions_.clear();
+    per_source_.clear();
+}
+
+size_t TcpServer::connection_count() const {
+    std::lock_guard<std::mutex> g(mu_);
+    return sessions_.size();
+}
+
+void TcpServer::erase_locked(Session *s) {
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, s->fd.get(), nullptr);
+    // FIN now (the descriptor closes with the session).
+    ::shutdown(s->fd.get(), SHUT_RDWR);
+    auto it = per_source_.find(s->source);
+    if (it != per_source_.end() && --it->second == 0) per_source_.erase(it);
+    sessions_.erase(s);
+}
+
+void TcpServer::push_ready_locked(Session *s) {
+    ready_[(ready_head_ + ready_len_) % ready_.size()] = s;
+    ++ready_len_;
+    ready_count_.store(ready_len_, std::memory_order_relaxed);
+    ready_cv_.notify_one();
+}
+
+void TcpServer::loop() {
+    struct epoll_event evs[64];
+    while (!stopping_.load()) {
+        auto now = Clock::now();
+        int timeout = static_cast<int>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(next_scan_ - now).count());
+        timeout = std::max(0, std::min(timeout, 100));
+        int n = ::epoll_wait(epoll_.get(), evs, 64, timeout);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            MC_LOG(Error, "TCP server: epoll_wait(): " << errno_string(errno));
+            break;
+        }
+        if (stopping_.load()) break;
+        bool accept = false;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            for (int i = 0; i < n; ++i) {
+                void *p = evs[i].data.ptr;
+                if (p == &kListenerTag) {
+                    accept = true;
+                } else if (p != &kWakeTag) {
+                    Session *s = static_cast<Session *>(p);
+                    s->in_loop = false;
+                    s->conn->mark_readable();
+                    push_ready_locked(s);
+                }
+            }
+        }
+        if (accept) accept_all();
+        now = Clock::now();
+        if (now >= next_scan_) expire_idle(now);
+    }
+}
+
+void TcpServer::expire_idle(Clock::time_point now) {
+    std::lock_guard<std::mutex> g(mu_);
+    Clock::time_point next = now + std::chrono::milliseconds(100);
+    std::vector<Session *> expired;
+    for (auto &kv : sessions_) {
+        Session *s = kv.first;
+        if (!s->in_loop) continue;
+        if (s->deadline <= now) expired.push_back(s);
+        else if (s->deadline < next) next = s->deadline;
+    }
+    for (Session *s : expired) {
+        idle_closed_.fetch_add(1, std::memory_order_relaxed);
+        MC_LOG(Debug, "TCP server: closing an idle connection from " << source_text(s->source)
+                          << (s->partial        ? " (request header stalled)"
+                              : s->served_any ? " (pooled)"
+                                              : " (no request)"));
+        erase_locked(s);
+    }
+    next_scan_ = next;
+}
+
+void TcpServer::accept_all() {
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr *>(&ss), &len, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                MC_LOG(Warn, "TCP server: accept(): " << errno_string(errno));
+            return;
+        }
+        Fd guard(fd);
+        std::string src = source_key(ss);
+        const char *why = nullptr;
+        std::lock_guard<std::mutex> g(mu_);
+        auto it = per_source_.find(src);
+        uint32_t from_src = it == per_source_.end() ? 0 : it->second;
+        if (!opt_.allowed_peers.allows(src)) why = "not in the allowed peer networks";
+        else if (sessions_.size() >= opt_.max_connections) why = "the connection limit is reached";
+        else if (from_src >= per_source_cap_) why = "its address is at its connection limit";
+        if (why) {
+            refused_.fetch_add(1, std::memory_order_relaxed);
+            uint64_t skipped = 0;
+            if (refuse_log_.should_log(skipped))
+                MC_LOG(Warn, "TCP data server: refused a connection from " << source_text(src)
+                                 << ": " << why << " (limits: " << opt_.max_connections
+                                 << " in all, " << per_source_cap_ << " per address; " << skipped
+                                 << " more refusals not logged)");
+            continue;
+        }
+        set_nonblocking(fd, false);
+        set_nodelay(fd);
+        // Inside a request the progress timeout bounds each blocking call.
+        set_io_timeouts(fd, static_cast<int>(opt_.progress_timeout_ms),
+                        static_cast<int>(opt_.progress_timeout_ms));
+        auto s = std::make_unique<Session>();
+        s->fd = std::move(guard);
+        s->source = src;
+        s->conn = std::make_unique<Conn>(fd, wake_.read_fd(), ready_count_, idle_workers_);
+        s->deadline = Clock::now() + std::chrono::milliseconds(opt_.idle_timeout_ms);
+        if (s->deadline < next_scan_) next_scan_ = s->deadline;
+        struct epoll_event ev;
+        std::memset(&ev, 0, sizeof ev);
+        ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+        ev.data.ptr = s.get();
+        if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+            MC_LOG(Warn, "TCP server: epoll_ctl(add): " << errno_string(errno));
+            continue;
+        }
+        ++per_source_[src];
+        Session *raw = s.get();
+        sessions_.emplace(raw, std::move(s));
+    }
+}
+
+void TcpServer::worker() {
+    for (;;) {
+        Session *s = nullptr;
+        {
+            std::unique_lock<std::mutex> lk(mu_);
+            idle_workers_.fetch_add(1, std::memory_order_relaxed);
+            ready_cv_.wait(lk, [this] { return stopping_.load() || ready_len_ != 0; });
+            idle_workers_.fetch_sub(1, std::memory_order_relaxed);
+            if (stopping_.load()) return;
+            s = ready_[ready_head_];
+            ready_head_ = (ready_head_ + 1) % ready_.size();
+            --ready_len_;
+            ready_count_.store(ready_len_, std::memory_order_relaxed);
+        }
+        finish(s, serve(*s));
+    }
+}
+
+void TcpServer::finish(Session *s, Pass p) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (p == Pass::Close || stopping_.load()) {
+        erase_locked(s);
+        return;
+    }
+    if (p == Pass::Again) {
+        // More input is waiting: behind whoever else is queued.
+        push_ready_locked(s);
+        return;
+    }
+    auto now = Clock::now();
+    const bool partial = s->conn->buffered() != 0;
+    if (!s->served_any) {
+        // Keeps the deadline set at accept: the first header is due by then.
+    } else if (partial) {
+        // The rest of a header is due within the progress timeout of its
+        // first byte, however slowly it trickles in.
+        if (!s->partial) s->deadline = now + std::chrono::milliseconds(opt_.progress_timeout_ms);
+    } else {
+        s->deadline = now + std::chrono::milliseconds(opt_.pooled_idle_timeout_ms);
+    }
+    s->partial = partial;
+    s->in_loop = true;
+    struct epoll_event ev;
+    std::memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+    ev.data.ptr = s;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, s->fd.get(), &ev) != 0) {
+        MC_LOG(Warn, "TCP server: epoll_ctl(mod): " << errno_string(errno));
+        erase_locked(s);
+    }
+}
+
+// Serves the requests that have arrived; Idle when the input is drained.
+TcpServer::Pass TcpServer::serve(Session &s) {
+    const int fd = s.fd.get();
+    Conn &c = *s.conn;
     auto drop = [&](const TcpHeader &h, const std::string &why) {
         MC_LOG(Info, "TCP server: " << describe_request(h) << " failed: " << why);
     };
+    unsigned served = 0;
     while (!stopping_.load()) {
+        if (served >= kPassBudget && ready_count_.load(std::memory_order_relaxed) != 0) {
+            if (!c.flush()) break;
+            return Pass::Again;
+        }
         Got g = c.fill(kTcpHeaderLen);
+        if (g == Got::WouldBlock) return Pass::Idle;
         if (g != Got::Ok) {
-            if (g == Got::Timeout)
-                MC_LOG(Info, "TCP server: dropping a connection: a request header stalled");
-            else if (g == Got::Error)
+            if (g == Got::Error)
                 MC_LOG(Info, "TCP server: dropping a connection while reading a header: "
                                  << errno_string(c.last_errno()));
             else if (g == Got::Eof && c.buffered() != 0)
@@ -296,6 +486,9 @@ void TcpServer::serve(Session *s) {
             break;
         }
         TcpHeader h = decode_tcp_header(c.head());
+        s.served_any = true;
+        s.partial = false;
+        ++served;
 
         c.consume(kTcpHeaderLen);
         const bool v2 = tcp_is_v2(h.opcode);
@@ -383,9 +576,7 @@ void TcpServer::serve(Session *s) {
             if (v2 && !c.add_status(kTcpStatusOk)) break;
         }
     }
-    // Send FIN now; the reaper closes the descriptor later.
-    ::shutdown(fd, SHUT_RDWR);
-    s->done.store(true);
+    return Pass::Close;
 }
 
 }  // namespace mcrs
