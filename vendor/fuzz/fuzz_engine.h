@@ -124,8 +124,14 @@ inline std::string exchange(uint16_t port, const uint8_t *data, size_t size, int
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    FUZZ_CHECK(::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0,
-               "connect to the engine");
+    // Close with a reset: thousands of connections a second would
+    // otherwise use up the local ports in TIME_WAIT.
+    linger lg{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    if (::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+        std::fprintf(stderr, "connect to 127.0.0.1:%u: %s\n", port, std::strerror(errno));
+        std::abort();
+    }
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
     std::string got;
     size_t sent = 0;
