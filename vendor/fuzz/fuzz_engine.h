@@ -15,6 +15,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -112,6 +113,24 @@ inline void check_canaries() {
             }
         ASAN_POISON_MEMORY_REGION(base() + z.off, z.len);
     }
+}
+
+// Threads of this process (libFuzzer's per-input leak check must not run
+// while a server thread that served the input is still freeing its state).
+inline size_t thread_count() {
+    size_t n = 0;
+    if (DIR *d = ::opendir("/proc/self/task")) {
+        while (dirent *e = ::readdir(d))
+            if (e->d_name[0] != '.') ++n;
+        ::closedir(d);
+    }
+    return n;
+}
+
+// Waits (up to 5 s, then carries on) until no more than `baseline` threads
+// run, i.e. a per-connection thread has returned and freed what it held.
+inline void settle_threads(size_t baseline) {
+    for (int i = 0; i < 5000 && thread_count() > baseline; ++i) ::usleep(1000);
 }
 
 // Sends `data` to 127.0.0.1:port while reading what comes back, half-closes,
