@@ -17,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < fuzz::kRemoteLen; ++i)
         fuzz::remote_buf()[i] = static_cast<unsigned char>(i * 7);
     size_t threads = fuzz::thread_count();
-    fuzz::exchange(e.data_port, data, size, 15000);
+    std::string reply = fuzz::exchange(e.data_port, data, size, 15000);
+    if (std::getenv("MC_FUZZ_LOG")) std::fprintf(stderr, "reply: %zu bytes\n", reply.size());
     // The server closed: its connection thread is on its way out.
     fuzz::settle_threads(threads);
     fuzz::check_canaries();

@@ -293,6 +293,8 @@ void TcpServer::serve(Session *s) {
                                  << errno_string(c.last_errno()));
             else if (g == Got::Eof && c.buffered() != 0)
                 MC_LOG(Info, "TCP server: dropping a connection: it closed inside a header");
+            // A FIN ends the requests, not the answers to those before it.
+            if (g == Got::Eof) c.flush();
             break;
         }
         TcpHeader h = decode_tcp_header(c.head());
