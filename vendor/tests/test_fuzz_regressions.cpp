@@ -51,3 +51,31 @@ TEST(fuzz_tcp_server_answers_requests_sent_before_fin) {
     }
     destroyTransferEngine(t);
 }
+
+// Requests on one connection take effect in order: a READ pipelined before
+// a WRITE of the same bytes answers with the bytes before the WRITE. (The
+// server gathered the READ's answer by reference and sent it after the
+// WRITE had already landed.)
+TEST(fuzz_tcp_server_read_then_write_same_bytes_answers_old_bytes) {
+    transfer_engine_t t = make_engine();
+    REQUIRE(t);
+    std::vector<char> mem(4096);
+    fill_random(mem, 11);
+    const std::string before(mem.data(), 16);
+    REQUIRE_EQ(registerLocalMemory(t, mem.data(), mem.size(), "cpu:0", 1), 0);
+    const uint64_t addr = reinterpret_cast<uint64_t>(mem.data());
+    const std::string ok = le64((uint64_t{0x4D435456} << 32) | 0);
+    RawConn c(data_port(t));
+    REQUIRE(c.fd >= 0);
+    // READ 16, WRITE 8 over its middle, READ 16 again: one send.
+    REQUIRE(c.send_bytes(tcp_header(16, addr, 0x80) + tcp_header(8, addr + 4, 0x81) + "ZZZZZZZZ" +
+                         tcp_header(16, addr, 0x80)));
+    ::shutdown(c.fd, SHUT_WR);
+    std::string got = c.read_some();
+    REQUIRE_EQ(got.size(), size_t(8 + 16 + 8 + 8 + 16));
+    CHECK(got.substr(0, 8) == ok);
+    CHECK(got.substr(8, 16) == before);
+    CHECK(got.substr(24, 8) == ok && got.substr(32, 8) == ok);
+    CHECK(got.substr(40, 16) == before.substr(0, 4) + "ZZZZZZZZ" + before.substr(12, 4));
+    destroyTransferEngine(t);
+}

@@ -238,6 +238,15 @@ public:
         if (out_bytes_ >= kMaxOutBytes) return flush();
         return true;
     }
+    // True when gathered READ data not sent yet lies in [p, p+n): a WRITE
+    // there must wait for it, or the READ would answer with newer bytes.
+    bool pending_overlaps(const char *p, size_t n) const {
+        for (size_t i = 0; i < nout_; ++i) {
+            const char *b = static_cast<const char *>(out_[i].iov_base);
+            if (b < p + n && p < b + out_[i].iov_len && !is_status(b)) return true;
+        }
+        return false;
+    }
     bool flush() {
         if (nout_ == 0) return true;
         IoResult io = sendv_all(fd_, out_, static_cast<int>(nout_));
@@ -252,6 +261,10 @@ public:
     }
 
 private:
+    bool is_status(const char *b) const {
+        const char *st = reinterpret_cast<const char *>(st_);
+        return b >= st && b < st + sizeof st_;
+    }
     IoResult failed(int e, size_t done) {
         IoResult r;
         r.status = IoStatus::Error;
@@ -376,6 +389,7 @@ void TcpServer::serve(Session *s) {
             if (!c.add_data(mem, size, std::move(pin))) break;
         } else {
             c.after_write_ = true;
+            if (c.pending_overlaps(mem, size) && !c.flush()) break;
             IoResult io = c.read_payload(mem, size);
             if (!io.ok()) {
                 drop(h, io.describe());
