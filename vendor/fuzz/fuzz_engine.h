@@ -147,7 +147,19 @@ inline std::string exchange(uint16_t port, const uint8_t *data, size_t size, int
     // otherwise use up the local ports in TIME_WAIT.
     linger lg{1, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    if (::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) {
+    int rc = ::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a);
+    if (rc != 0 && errno == EINTR) {
+        // libFuzzer's timer signal: the connect goes on; wait for it.
+        pollfd p{fd, POLLOUT, 0};
+        while (::poll(&p, 1, 5000) < 0 && errno == EINTR) {
+        }
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if ((p.revents & POLLOUT) && err == 0) rc = 0;
+        else errno = err ? err : ETIMEDOUT;
+    }
+    if (rc != 0) {
         std::fprintf(stderr, "connect to 127.0.0.1:%u: %s\n", port, std::strerror(errno));
         std::abort();
     }
