@@ -4,7 +4,8 @@
 #    for TCP), libibverbs-dev (`make -C vendor verbs-abi-check` compares our
 #    verbs declarations with its header), libclang-dev (the bindings
 #    freshness check runs bindgen), iproute2 when `ip` is missing (the
-#    network-namespace test);
+#    network-namespace test), clang and libclang-rt-14-dev (the libFuzzer
+#    runtime: `make -C vendor fuzz`);
 #  - a Python venv at .venv-upstream with upstream Mooncake 0.3.13
 #    (mooncake-transfer-engine-non-cuda==0.3.13.post1), pyzmq and msgspec
 #    for interop tests;
@@ -23,7 +24,7 @@ SIDE_PKGS=(pyzmq msgspec)
 VENV=.venv-upstream
 
 need_apt=()
-APT_PKGS=(libibverbs1 libibverbs-dev libnuma1 libclang-dev)
+APT_PKGS=(libibverbs1 libibverbs-dev libnuma1 libclang-dev clang libclang-rt-14-dev)
 [ "$UPSTREAM_ONLY" = 1 ] && APT_PKGS=(libibverbs1 libnuma1)
 for pkg in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")

@@ -2,7 +2,8 @@
 # The whole test suite: formatting, lints, the C++ engine's own tests (plain,
 # ASan/UBSan and TSan, all with -Wall -Wextra -Werror), every Rust test
 # including interop with upstream Mooncake, the bindings freshness check and
-# the docs. Installs missing test dependencies first.
+# the docs. Installs missing test dependencies first. FUZZ_SECONDS (default
+# 30) is how long each libFuzzer target runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -28,6 +29,11 @@ TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/vendor/tests/tsan.supp" make -s 
 
 step "multi-host: engines in two network namespaces, link cut mid-transfer"
 make -s -C vendor -j"$JOBS" netns-test
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+step "fuzz every peer-facing parser (${FUZZ_SECONDS} s each)"
+make -s -C vendor -j"$JOBS" fuzz
+make -s -C vendor fuzz-run FUZZ_SECONDS="$FUZZ_SECONDS"
 
 export MOONCAKE_SYS_WERROR=1
 step "clippy -D warnings"

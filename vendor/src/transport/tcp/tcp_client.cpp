@@ -392,12 +392,12 @@ bool Lane::read_one(int sock, Inflight &e, std::string &why) {
         why = io.describe();
         return false;
     }
-    uint64_t v = get_le64(st);
-    if (static_cast<uint32_t>(v >> 32) != kTcpStatusMagic) {
+    TcpStatus status = decode_tcp_status(st);
+    if (!status.valid) {
         why = "malformed status frame from the peer";
         return false;
     }
-    uint32_t code = static_cast<uint32_t>(v);
+    uint32_t code = status.code;
     if (code == kTcpStatusRejected) {
         why = "the peer rejected it: the range is not inside one registered, "
               "remote-accessible buffer of the target segment";
@@ -478,9 +478,10 @@ bool Lane::read_batch(std::unique_lock<std::mutex> &lk, size_t n, std::string &w
             have += take;
             left -= static_cast<size_t>(take);
             if (status_was_partial && have >= 8) {
-                uint64_t v = get_le64(reinterpret_cast<const unsigned char *>(&st_[next]));
-                uint32_t code = static_cast<uint32_t>(v);
-                if (static_cast<uint32_t>(v >> 32) != kTcpStatusMagic) {
+                TcpStatus status =
+                    decode_tcp_status(reinterpret_cast<const unsigned char *>(&st_[next]));
+                uint32_t code = status.code;
+                if (!status.valid) {
                     why = "malformed status frame from the peer";
                     ok = false;
                 } else if (code == kTcpStatusRejected) {

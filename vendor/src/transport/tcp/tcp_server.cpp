@@ -189,6 +189,15 @@ public:
         if (out_bytes_ >= kMaxOutBytes) return flush();
         return true;
     }
+    // True when gathered READ data not sent yet lies in [p, p+n): a WRITE
+    // there must wait for it, or the READ would answer with newer bytes.
+    bool pending_overlaps(const char *p, size_t n) const {
+        for (size_t i = 0; i < nout_; ++i) {
+            const char *b = static_cast<const char *>(out_[i].iov_base);
+            if (b < p + n && p < b + out_[i].iov_len && !is_status(b)) return true;
+        }
+        return false;
+    }
     bool flush() {
         if (nout_ == 0) return true;
         IoResult io = sendv_all(fd_, out_, static_cast<int>(nout_));
@@ -203,6 +212,10 @@ public:
     }
 
 private:
+    bool is_status(const char *b) const {
+        const char *st = reinterpret_cast<const char *>(st_);
+        return b >= st && b < st + sizeof st_;
+    }
     IoResult failed(int e, size_t done) {
         IoResult r;
         r.status = IoStatus::Error;
@@ -483,6 +496,8 @@ TcpServer::Pass TcpServer::serve(Session &s) {
                                  << errno_string(c.last_errno()));
             else if (g == Got::Eof && c.buffered() != 0)
                 MC_LOG(Info, "TCP server: dropping a connection: it closed inside a header");
+            // A FIN ends the requests, not the answers to those before it.
+            if (g == Got::Eof) c.flush();
             break;
         }
         TcpHeader h = decode_tcp_header(c.head());
@@ -567,6 +582,7 @@ TcpServer::Pass TcpServer::serve(Session &s) {
             if (!c.add_data(mem, size, std::move(pin))) break;
         } else {
             c.after_write_ = true;
+            if (c.pending_overlaps(mem, size) && !c.flush()) break;
             IoResult io = c.read_payload(mem, size);
             if (!io.ok()) {
                 drop(h, io.describe());

@@ -54,4 +54,18 @@ inline uint64_t encode_tcp_status(uint32_t status) {
     return (static_cast<uint64_t>(kTcpStatusMagic) << 32) | status;
 }
 
+// An initiator's reading of a v2 status frame from a (possibly hostile)
+// target: `valid` is false without the magic; `code` is the low half.
+struct TcpStatus {
+    bool valid = false;
+    uint32_t code = 0;
+};
+inline TcpStatus decode_tcp_status(const unsigned char in[8]) {
+    uint64_t v = get_le64(in);
+    TcpStatus s;
+    s.valid = static_cast<uint32_t>(v >> 32) == kTcpStatusMagic;
+    s.code = static_cast<uint32_t>(v);
+    return s;
+}
+
 }  // namespace mcrs
