@@ -178,9 +178,10 @@ impl EngineBuilder {
         self
     }
 
-    /// The address the listeners bind to. Default: the local host when it
-    /// is a numeric address, else every interface (upstream always binds
-    /// every interface). `"::"` or `"0.0.0.0"` bind every interface.
+    /// The address the listeners bind to. Default: env `MC_BIND_ADDRESS`
+    /// when set, else the local host when it is a numeric address, else
+    /// every interface (upstream always binds every interface). `"::"` or
+    /// `"0.0.0.0"` bind every interface.
     pub fn bind_address(mut self, addr: impl Into<String>) -> Self {
         self.bind_address = Some(addr.into());
         self
@@ -397,8 +398,11 @@ impl EngineBuilder {
         let host = OwnedCString::new("local_host", &self.local_host)?;
         let bind = match &self.bind_address {
             Some(b) => b.clone(),
-            None if self.local_host.parse::<std::net::IpAddr>().is_ok() => self.local_host.clone(),
-            None => String::new(),
+            None => match std::env::var("MC_BIND_ADDRESS") {
+                Ok(b) if !b.is_empty() => b,
+                _ if self.local_host.parse::<std::net::IpAddr>().is_ok() => self.local_host.clone(),
+                _ => String::new(),
+            },
         };
         let bind = OwnedCString::new("bind_address", &bind)?;
         cfg.metadata_conn_string = conn.as_ptr();

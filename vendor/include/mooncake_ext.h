@@ -84,7 +84,7 @@ typedef struct mc_engine_config {
     uint32_t protocols;              /* MC_PROTOCOL_* bits; 0 = none yet */
     const char *metadata_conn_string; /* "P2PHANDSHAKE" */
     const char *local_server_name;   /* "host" or "host:port" */
-    const char *bind_address;        /* NULL/"" = wildcard */
+    const char *bind_address;        /* NULL/"" = env MC_BIND_ADDRESS, else wildcard */
     const char *device_allow_list;   /* comma-separated RDMA devices */
     const char *device_deny_list;
     uint16_t rpc_port;               /* 0 = random in [port_min, port_max] */

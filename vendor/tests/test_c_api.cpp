@@ -145,3 +145,42 @@ TEST(capi_with_nvidia_peermem_parsing) {
     destroyTransferEngine(e);
     unsetenv("WITH_NVIDIA_PEERMEM");
 }
+
+// Upstream's createTransferEngine binds every interface; MC_BIND_ADDRESS
+// (ours) restricts it without a code change. 127.0.0.2 is another address
+// of this host: reachable with the wildcard, refused when bound to .1.
+TEST(capi_bind_address_env_restricts_listeners) {
+    auto reachable = [](const char *ip, uint16_t port) {
+        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(port);
+        inet_pton(AF_INET, ip, &a.sin_addr);
+        bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0;
+        ::close(fd);
+        return ok;
+    };
+    unsetenv("MC_BIND_ADDRESS");
+    transfer_engine_t any = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    REQUIRE(any);
+    CHECK(reachable("127.0.0.2", rpc_port(any)));
+    CHECK(reachable("127.0.0.2", data_port(any)));
+    destroyTransferEngine(any);
+
+    setenv("MC_BIND_ADDRESS", "127.0.0.1", 1);
+    transfer_engine_t one = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    unsetenv("MC_BIND_ADDRESS");
+    REQUIRE(one);
+    CHECK(reachable("127.0.0.1", rpc_port(one)));
+    CHECK(!reachable("127.0.0.2", rpc_port(one)));
+    CHECK(reachable("127.0.0.1", data_port(one)));
+    CHECK(!reachable("127.0.0.2", data_port(one)));
+    destroyTransferEngine(one);
+
+    // A bad value is a clear error at creation, not a silent wildcard.
+    setenv("MC_BIND_ADDRESS", "not-an-address", 1);
+    transfer_engine_t bad = createTransferEngine("P2PHANDSHAKE", "127.0.0.1", "", 0, 1);
+    unsetenv("MC_BIND_ADDRESS");
+    CHECK(bad == nullptr);
+    if (bad) destroyTransferEngine(bad);
+}

@@ -39,7 +39,8 @@ EngineConfig to_engine_config(const mc_engine_config_t &c) {
     e.protocols = c.protocols;
     if (c.metadata_conn_string) e.metadata_conn_string = c.metadata_conn_string;
     if (c.local_server_name) e.local_server_name = c.local_server_name;
-    e.bind_address = c.bind_address ? c.bind_address : "";
+    // NULL or "": MC_BIND_ADDRESS when set (from_env), else every interface.
+    if (c.bind_address && *c.bind_address) e.bind_address = c.bind_address;
     if (c.device_allow_list) e.device_allow_list = split_list(c.device_allow_list);
     if (c.device_deny_list) e.device_deny_list = split_list(c.device_deny_list);
     e.rpc_port = c.rpc_port;

@@ -77,6 +77,9 @@ EngineConfig EngineConfig::from_env() {
     c.notify_max_message_bytes =
         u32("MC_NOTIFY_MAX_MESSAGE_BYTES", c.notify_max_message_bytes, 1, 128 << 20);
     if (auto a = env_string("MC_ALLOWED_PEER_NETWORKS")) c.allowed_peer_networks = split_list(*a);
+    // Ours: restrict the listeners of programs that cannot set bind_address
+    // (upstream's createTransferEngine binds every interface).
+    if (auto b = env_string("MC_BIND_ADDRESS"); b && !b->empty()) c.bind_address = *b;
     return c;
 }
 

@@ -20,6 +20,7 @@ struct EngineConfig {
     std::string metadata_conn_string = "P2PHANDSHAKE";
     std::string local_server_name = "127.0.0.1";
     // Address the listeners bind to; empty = wildcard (upstream's behaviour).
+    // Env MC_BIND_ADDRESS (ours) sets it for programs that cannot.
     std::string bind_address;
     uint32_t protocols = kProtoTcp;
 
