@@ -83,9 +83,9 @@ async fn register_and_query_shapes_and_conflicts() {
             .contains("already registered by engine_id e1"),
         "{body}"
     );
-    // The slot is taken, by a live worker, with another address: 409.
+    // The slot is taken, by a live worker, with another address: 400, as vLLM answers.
     let (code, body) = post_json(&format!("{url}/register"), &json!({"engine_id":"e1","dp_rank":0,"tp_rank":0,"pp_rank":0,"addr":"tcp://127.0.0.1:49999"})).await;
-    assert_eq!(code, 409);
+    assert_eq!(code, 400);
     assert!(body["detail"].as_str().unwrap().contains(&a1), "{body}");
     // Malformed bodies: 422, like FastAPI.
     let (code, _) = post_json(

@@ -44,10 +44,10 @@ async fn a_live_entry_cannot_be_poisoned_and_a_restarted_worker_re_registers() {
     // Another TP size.
     let mut other = body("e1", 0, 0, &a);
     other["tp_size"] = json!(2);
-    assert_eq!(post_json(&url, &other).await.0, 409);
+    assert_eq!(post_json(&url, &other).await.0, 400);
     // Another address for the live worker's slot.
     let (code, b) = post_json(&url, &body("e1", 0, 0, "tcp://127.0.0.1:9")).await;
-    assert_eq!(code, 409, "{b}");
+    assert_eq!(code, 400, "{b}");
     assert!(b["detail"].as_str().unwrap().contains("still alive"), "{b}");
     assert_eq!(query(&url).await.1, before, "nothing changed");
     // The worker restarts on another port: its old side channel is gone,

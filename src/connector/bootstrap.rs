@@ -116,8 +116,10 @@ fn bad(msg: impl Into<String>) -> Refusal {
     (StatusCode::BAD_REQUEST, msg.into())
 }
 
+/// A registration that contradicts a live entry. vLLM's bootstrap server
+/// answers these with 400 too, and its workers only log the detail.
 fn conflict(msg: impl Into<String>) -> Refusal {
-    (StatusCode::CONFLICT, msg.into())
+    (StatusCode::BAD_REQUEST, msg.into())
 }
 
 /// Checks a registration on its own: ids, address, ranks and sizes.
