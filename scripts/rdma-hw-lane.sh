@@ -4,7 +4,7 @@
 # strict: MOONCAKE_RDMA_HW_TESTS=1 is set here, so a machine without a usable
 # NIC FAILS instead of skipping. Optional: MOONCAKE_RDMA_HW_DEVICES=mlx5_0,mlx5_1
 # (allow list), MC_GID_INDEX, MC_IB_PORT and the other MC_* knobs of
-# PROTOCOL.md 9.4. Logs go to $OUT (or ./rdma-hw-lane-logs).
+# upstream Mooncake (README "RDMA"). Logs go to $OUT (or ./rdma-hw-lane-logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/rdma-hw-lane-logs}

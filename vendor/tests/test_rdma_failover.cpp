@@ -1,4 +1,4 @@
-// Rail pauses (PROTOCOL.md 6.6) and slice timeouts through softverbs: a
+// Rail pauses (upstream's protocol) and slice timeouts through softverbs: a
 // remote fault pauses the (local NIC, peer NIC) rail and traffic moves to
 // the other rails until the cooldown ends; a local fault does not blame
 // the rail; a lost or stalled completion ends in a retry or a FAILED

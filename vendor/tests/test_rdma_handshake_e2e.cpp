@@ -1,4 +1,4 @@
-// The endpoint handshake of PROTOCOL.md 6.2 against real transports over
+// The endpoint handshake of upstream's protocol against real transports over
 // softverbs: the ready-ACK timeout on both sides (injected, well under a
 // second) and the passive side taking an empty local_gid from the
 // requester's published descriptor.

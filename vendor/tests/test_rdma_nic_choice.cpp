@@ -1,4 +1,4 @@
-// Local NIC choice by buffer location (PROTOCOL.md 6.3/6.5): the pure
+// Local NIC choice by buffer location (upstream's protocol): the pure
 // plan/pick functions, then engines over softverbs whose NICs sit on
 // different NUMA nodes, a custom matrix (MC_CUSTOM_TOPO_JSON and
 // installTransport's args[0]) and the fallback when a preferred NIC is down.

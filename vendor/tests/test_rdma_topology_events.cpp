@@ -1,5 +1,5 @@
-// Port down/up async events and what the engine publishes (PROTOCOL.md
-// 6.6): the NIC's usable flag in topology_json, its removal from the
+// Port down/up async events and what the engine publishes (upstream's protocol): the NIC's
+// usable flag in topology_json, its removal from the
 // descriptor's matrix with devices[]/rkey[] kept consistent, and a peer
 // reading the fresh descriptor using only the remaining NIC.
 #include <chrono>

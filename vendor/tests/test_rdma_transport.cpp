@@ -130,7 +130,7 @@ TEST(rdma_descriptor_upstream_shape_round_trip) {
     CHECK_EQ(back.devices[0].gid, d.devices[0].gid);
     CHECK_EQ(back.devices[0].link_layer, d.devices[0].link_layer);
     CHECK(back.buffers[0].rkey == d.buffers[0].rkey);
-    // An upstream-shaped descriptor (PROTOCOL.md 3.3) decodes.
+    // A descriptor shaped as upstream writes it decodes.
     const char *upstream = R"({"name":"10.0.0.2:12345","protocol":"rdma","tcp_data_port":0,
       "devices":[{"name":"mlx5_0","lid":0,"gid":"fe80:0000:0000:0000:0000:0000:0000:0001"}],
       "buffers":[{"name":"cpu:0","addr":4096,"length":1024,"lkey":[5],"rkey":[6]}],

@@ -1,5 +1,5 @@
 // Frames, descriptors, names and TCP headers against the byte layouts that
-// PROTOCOL.md records from upstream captures.
+// upstream engines put on the wire (recorded from upstream captures).
 #include <cstring>
 
 #include "common/error.h"

@@ -1,5 +1,5 @@
-// The segment descriptor: the JSON a segment's owner publishes (PROTOCOL.md
-// section 3) and a peer decodes before it can transfer. Decoding treats the
+// The segment descriptor: the JSON a segment's owner publishes in
+// upstream's format and a peer decodes before it can transfer. Decoding treats the
 // JSON as untrusted and rejects what upstream rejects, plus ranges that wrap.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Framing of the handshake/RPC socket (PROTOCOL.md section 2.2): an 8-byte
+// Framing of the handshake/RPC socket (upstream's protocol): an 8-byte
 // little-endian length, then a type byte and JSON. A first body byte above 3
 // means the legacy framing with no type byte.
 #pragma once

@@ -1,4 +1,4 @@
-// GIDs: the text format of PROTOCOL.md 6.4 and the automatic choice of a
+// GIDs: the text format of upstream's protocol and the automatic choice of a
 // port's GID index. Pure logic over plain structs; the verbs layer fills a
 // GidEntry table from ibv_query_gid_ex (or sysfs) and asks for an index.
 #pragma once

@@ -1,5 +1,5 @@
 // Where the GPUs sit on the PCI tree, for the "cuda:<ordinal>" entries of the
-// priority matrix (PROTOCOL.md 6.3): the driver's bus ids in the form sysfs
+// priority matrix (upstream's protocol): the driver's bus ids in the form sysfs
 // uses, resolved against a sysfs root (injectable, like the NICs' paths).
 #pragma once
 

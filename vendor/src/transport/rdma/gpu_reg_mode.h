@@ -1,4 +1,4 @@
-// GPU memory registration for RDMA (PROTOCOL.md 7.1): WITH_NVIDIA_PEERMEM,
+// GPU memory registration for RDMA (upstream's protocol): WITH_NVIDIA_PEERMEM,
 // resolving GpuRegistrationMode::Auto from what the host offers, and the
 // text of registration failures.
 #pragma once

@@ -1,4 +1,4 @@
-// The RDMA endpoint handshake body (PROTOCOL.md 2.4.1) and the checks both
+// The RDMA endpoint handshake body (upstream's protocol) and the checks both
 // sides of 6.2 apply to it, as pure functions. The transport owns the QPs
 // and the endpoint table; these functions only say what to do.
 #pragma once

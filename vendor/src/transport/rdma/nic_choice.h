@@ -1,5 +1,5 @@
 // Which local NICs a request stripes over and which peer NICs it targets
-// (PROTOCOL.md 6.3/6.5: the priority matrix entry of the buffer's location,
+// (upstream's protocol: the priority matrix entry of the buffer's location,
 // ours for the local buffer, the peer's for the target buffer) and which
 // (local NIC, peer NIC) rail one slice takes, as pure functions over indexes.
 #pragma once

@@ -1,4 +1,4 @@
-// Failure handling of PROTOCOL.md 6.6: what a work completion status means
+// Failure handling of upstream's protocol: what a work completion status means
 // for a slice, and per peer-NIC-path ("rail") error accounting with pauses.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The RDMA transport's knobs (PROTOCOL.md 9.4), read once from the
+// The RDMA transport's knobs (upstream's protocol), read once from the
 // environment. Policy on bad values, per knob in rdma_env.cpp: upstream's
 // "warning + default" for every tuning knob, a thrown Error for MC_GID_INDEX
 // / NCCL_IB_GID_INDEX (a silently wrong GID index selects the wrong RoCE

@@ -717,7 +717,7 @@ Json RdmaTransport::handle_connection(const Json &request) {
         if (ctxs_[i]->name == dec.local_device) nic = i;
     if (nic == ctxs_.size() || !ctxs_[nic]->usable.load())
         return encode_handshake(reject_handshake("device " + dec.local_device + " is not usable"));
-    // PROTOCOL.md 6.2 step 2: an empty local_gid is looked up (with the
+    // upstream's protocol: an empty local_gid is looked up (with the
     // LID) in the requester's published devices[] by NIC name.
     std::string gid_text = req.local_gid;
     uint32_t peer_lid = req.local_lid;

@@ -95,7 +95,7 @@ struct RdmaTransportOptions {
     // set, else transfer_timeout_ms.
     uint32_t slice_timeout_ms = 0;
     uint32_t transfer_timeout_ms = 30000;
-    // PROTOCOL.md 6.2 step 4: both the active side's wait for the ACK reply
+    // upstream's protocol: both the active side's wait for the ACK reply
     // and the passive side's wait for the ACK itself.
     uint32_t ready_ack_timeout_ms = 10000;
     // installTransport's args[0]: a priority matrix (JSON text) that

@@ -1,4 +1,4 @@
-// Cutting one transfer request into RDMA work requests (PROTOCOL.md 6.5) and
+// Cutting one transfer request into RDMA work requests (upstream's protocol) and
 // spreading the slices over the local NICs.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The priority matrix of PROTOCOL.md 6.3: which NICs serve which memory
+// The priority matrix of upstream's protocol: which NICs serve which memory
 // location, its JSON form, the HCA index order, and device selection on both
 // sides of a transfer (our own devices, and a peer's published devices).
 #pragma once

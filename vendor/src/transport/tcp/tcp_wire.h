@@ -1,4 +1,4 @@
-// The TCP data-plane wire format (PROTOCOL.md section 4): a 24-byte
+// The TCP data-plane wire format (upstream's protocol): a 24-byte
 // little-endian request header, and in protocol v2 an 8-byte status frame
 // whose high half is the magic "MCTV".
 #pragma once
