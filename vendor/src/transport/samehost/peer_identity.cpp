@@ -30,6 +30,13 @@ socklen_t abstract_addr(const std::string &name, sockaddr_un &a) {
     return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
 }
 
+// A non-blocking Unix stream socket, or an invalid Fd with `err`.
+Fd unix_stream_socket(std::string &err) {
+    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) err = "socket(AF_UNIX): " + errno_string(errno);
+    return fd;
+}
+
 bool peer_cred(int fd, ucred &c, std::string &why) {
     socklen_t len = sizeof c;
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) != 0 || len != sizeof c) {
@@ -80,11 +87,8 @@ Fd listen_samehost(int backlog, std::string &name_out, std::string &err) {
             err = "no random bytes for the socket name";
             return Fd();
         }
-        Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-        if (!fd.valid()) {
-            err = "socket(AF_UNIX): " + errno_string(errno);
-            return Fd();
-        }
+        Fd fd = unix_stream_socket(err);
+        if (!fd.valid()) return Fd();
         sockaddr_un a;
         socklen_t len = abstract_addr(name, a);
         if (::bind(fd.get(), reinterpret_cast<sockaddr *>(&a), len) != 0) {
@@ -108,11 +112,8 @@ Fd connect_samehost(const std::string &name, std::string &err) {
         err = "malformed socket name";
         return Fd();
     }
-    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd.valid()) {
-        err = "socket(AF_UNIX): " + errno_string(errno);
-        return Fd();
-    }
+    Fd fd = unix_stream_socket(err);
+    if (!fd.valid()) return Fd();
     sockaddr_un a;
     socklen_t len = abstract_addr(name, a);
     // Non-blocking: a full backlog answers EAGAIN instead of a wait.

@@ -184,6 +184,7 @@ public:
         if (!room(1, 0) && !flush()) return false;
         out_[nout_] = {const_cast<void *>(p), n};
         ++nout_;
+        ++ndata_;
         out_bytes_ += n;
         if (pin) pins_.push_back(std::move(pin));
         if (out_bytes_ >= kMaxOutBytes) return flush();
@@ -191,7 +192,9 @@ public:
     }
     // True when gathered READ data not sent yet lies in [p, p+n): a WRITE
     // there must wait for it, or the READ would answer with newer bytes.
+    // Runs of WRITEs gather only status frames: nothing to scan then.
     bool pending_overlaps(const char *p, size_t n) const {
+        if (ndata_ == 0) return false;
         for (size_t i = 0; i < nout_; ++i) {
             const char *b = static_cast<const char *>(out_[i].iov_base);
             if (b < p + n && p < b + out_[i].iov_len && !is_status(b)) return true;
@@ -202,6 +205,7 @@ public:
         if (nout_ == 0) return true;
         IoResult io = sendv_all(fd_, out_, static_cast<int>(nout_));
         nout_ = 0;
+        ndata_ = 0;
         out_bytes_ = 0;
         pins_.clear();
         if (!io.ok()) {
@@ -238,6 +242,7 @@ private:
     struct iovec out_[kMaxOutIov];
     uint64_t st_[kMaxOutIov];
     size_t nout_ = 0, out_bytes_ = 0;
+    size_t ndata_ = 0;  // of the nout_ pieces, READ data (not status frames)
     std::vector<RegionPin> pins_;
 };
 
