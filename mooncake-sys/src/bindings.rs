@@ -19,6 +19,7 @@ pub type mc_log_sink_fn = ::core::option::Option<
 pub type mc_buffer_info_t = mc_buffer_info;
 pub type mc_engine_counters_t = mc_engine_counters;
 pub type mc_engine_limit_counters_t = mc_engine_limit_counters;
+pub type mc_engine_batch_counters_t = mc_engine_batch_counters;
 pub type mc_gpu_info_t = mc_gpu_info;
 pub type mc_dmabuf_t = mc_dmabuf;
 pub type mc_abi_field_t = mc_abi_field;
@@ -140,6 +141,12 @@ pub struct mc_engine_limit_counters {
     pub handshake_connections_refused: u64,
     pub notifications_refused: u64,
     pub notification_bytes_queued: u64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct mc_engine_batch_counters {
+    pub tasks_submitted: u64,
+    pub task_status_reads: u64,
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -438,6 +445,17 @@ const _: () = {
         [::core::mem::offset_of!(mc_engine_limit_counters, notifications_refused) - 24usize];
     ["Offset of field: mc_engine_limit_counters::notification_bytes_queued"]
         [::core::mem::offset_of!(mc_engine_limit_counters, notification_bytes_queued) - 32usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of mc_engine_batch_counters"]
+        [::core::mem::size_of::<mc_engine_batch_counters>() - 16usize];
+    ["Alignment of mc_engine_batch_counters"]
+        [::core::mem::align_of::<mc_engine_batch_counters>() - 8usize];
+    ["Offset of field: mc_engine_batch_counters::tasks_submitted"]
+        [::core::mem::offset_of!(mc_engine_batch_counters, tasks_submitted) - 0usize];
+    ["Offset of field: mc_engine_batch_counters::task_status_reads"]
+        [::core::mem::offset_of!(mc_engine_batch_counters, task_status_reads) - 8usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -775,6 +793,10 @@ unsafe extern "C" {
     pub fn mc_engine_get_limit_counters(
         engine: transfer_engine_t,
         out: *mut mc_engine_limit_counters_t,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_engine_get_batch_counters(
+        engine: transfer_engine_t,
+        out: *mut mc_engine_batch_counters_t,
     ) -> ::core::ffi::c_int;
     pub fn mc_gpu_query(
         info: *mut mc_gpu_info_t,

@@ -86,6 +86,9 @@ pub struct Batch<'r> {
     submitted: usize,
     // Every submitted request has been seen terminal by a wait.
     settled: bool,
+    // `statuses[..submitted]` hold terminal values read after a completed
+    // wait: they can no longer change, so status queries answer from here.
+    fresh: bool,
     statuses: Vec<sys::transfer_status>,
     // Local memory whose queued GPU work must finish before the submit.
     prepare: Vec<&'r dyn LocalMemory>,
@@ -114,6 +117,7 @@ impl<'r> Batch<'r> {
             queued: RequestBuf(Vec::with_capacity(capacity)),
             submitted: 0,
             settled: false,
+            fresh: false,
             statuses: vec![sys::transfer_status::default(); capacity],
             prepare: Vec::new(),
             _borrows: PhantomData,
@@ -271,6 +275,7 @@ impl<'r> Batch<'r> {
             .submit(self.id, &mut self.queued.0, notify)?;
         self.submitted += n;
         self.settled = false;
+        self.fresh = false;
         self.queued.0.clear();
         Ok(())
     }
@@ -289,6 +294,7 @@ impl<'r> Batch<'r> {
         }
         self.submitted = 0;
         self.settled = false;
+        self.fresh = false;
         self.queued.0.clear();
         self.prepare.clear();
         Ok(())
@@ -309,8 +315,14 @@ impl<'r> Batch<'r> {
         }
         // A completed wait marks every task observed (so reset may reuse it).
         self.settled = true;
-        let total = self.engine.raw.batch_status(self.id, &mut self.statuses)?;
-        let total = total.min(self.statuses.len());
+        // One pass over the statuses: they are all terminal now, so later
+        // status queries answer from this copy without asking the engine.
+        let total = self
+            .engine
+            .raw
+            .batch_status(self.id, &mut self.statuses[..self.submitted])?;
+        let total = total.min(self.submitted);
+        self.fresh = true;
         let mut failed = 0usize;
         let mut first = None;
         for (i, st) in self.statuses[..total].iter().enumerate() {
@@ -338,28 +350,101 @@ impl<'r> Batch<'r> {
     }
 
     /// Status of request `index` (in submission order) as of now.
+    ///
+    /// Costs O(1) whatever the batch size: one engine call, or none once a
+    /// [`wait`](Self::wait) has seen every request finish. To look at every
+    /// request, [`statuses`](Self::statuses) reads them all in one pass.
     pub fn status(&mut self, index: usize) -> Result<TaskStatus> {
+        self.refresh_one(index)?;
+        Ok(TaskStatus::from_raw(self.statuses[index].status))
+    }
+
+    /// Bytes moved by request `index` (0 unless it completed). O(1), as
+    /// [`status`](Self::status).
+    pub fn transferred_bytes(&mut self, index: usize) -> Result<u64> {
+        self.refresh_one(index)?;
+        Ok(self.statuses[index].transferred_bytes)
+    }
+
+    /// Every submitted request's status, read in one pass (none at all when
+    /// a [`wait`](Self::wait) has already seen them all finish).
+    pub fn statuses(&mut self) -> Result<Statuses<'_>> {
+        if !self.fresh && self.submitted > 0 {
+            self.engine
+                .raw
+                .batch_status(self.id, &mut self.statuses[..self.submitted])?;
+            self.fresh = self.statuses[..self.submitted]
+                .iter()
+                .all(|st| TaskStatus::from_raw(st.status).is_terminal());
+        }
+        Ok(Statuses {
+            raw: &self.statuses[..self.submitted],
+        })
+    }
+
+    fn refresh_one(&mut self, index: usize) -> Result<()> {
         if index >= self.submitted {
             return Err(Error::InvalidArgument(format!(
                 "request {index} does not exist ({} submitted)",
                 self.submitted
             )));
         }
-        self.engine
-            .raw
-            .batch_status(self.id, &mut self.statuses[..=index])?;
-        Ok(TaskStatus::from_raw(self.statuses[index].status))
-    }
-
-    /// Bytes moved by request `index` (0 unless it completed).
-    pub fn transferred_bytes(&mut self, index: usize) -> Result<u64> {
-        self.status(index)?;
-        Ok(self.statuses[index].transferred_bytes)
+        if !self.fresh {
+            self.statuses[index] = self.engine.raw.task_status(self.id, index)?;
+        }
+        Ok(())
     }
 
     /// Why request `index` failed (empty if it did not).
     pub fn error_of(&self, index: usize) -> Result<String> {
         self.engine.raw.transfer_error(self.id, index)
+    }
+}
+
+/// The statuses of a batch's submitted requests, in submission order, as
+/// read by [`Batch::statuses`].
+#[derive(Debug, Clone, Copy)]
+pub struct Statuses<'b> {
+    raw: &'b [sys::transfer_status],
+}
+
+impl<'b> Statuses<'b> {
+    /// Requests covered.
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Whether no request was submitted.
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    /// Status of request `index`, None past the end.
+    pub fn get(&self, index: usize) -> Option<TaskStatus> {
+        self.raw
+            .get(index)
+            .map(|st| TaskStatus::from_raw(st.status))
+    }
+
+    /// Bytes moved by request `index` (0 unless it completed), None past
+    /// the end.
+    pub fn transferred_bytes(&self, index: usize) -> Option<u64> {
+        self.raw.get(index).map(|st| st.transferred_bytes)
+    }
+
+    /// Every status, in submission order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = TaskStatus> + 'b {
+        self.raw.iter().map(|st| TaskStatus::from_raw(st.status))
+    }
+
+    /// Indices of the requests that did not complete (failed, timed out,
+    /// canceled, or still in flight).
+    pub fn not_completed(&self) -> impl Iterator<Item = usize> + 'b {
+        self.raw
+            .iter()
+            .enumerate()
+            .filter(|(_, st)| TaskStatus::from_raw(st.status) != TaskStatus::Completed)
+            .map(|(i, _)| i)
     }
 }
 
@@ -375,7 +460,12 @@ impl Drop for Batch<'_> {
             if let Err(e) = self.engine.raw.wait_batch(self.id, None) {
                 tracing::error!(target: "mooncake", error = %e, "waiting for a dropped batch failed");
             }
-            let _ = self.engine.raw.batch_status(self.id, &mut self.statuses);
+            if !self.fresh {
+                let _ = self
+                    .engine
+                    .raw
+                    .batch_status(self.id, &mut self.statuses[..self.submitted]);
+            }
         }
         if let Err(e) = self.engine.raw.free_batch(self.id) {
             tracing::error!(target: "mooncake", error = %e, "freeing a batch failed");

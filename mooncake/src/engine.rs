@@ -145,6 +145,7 @@ impl Engine {
     /// same-host GPU transfers took CUDA IPC rather than TCP.
     pub fn counters(&self) -> Result<EngineCounters> {
         let c = self.shared.raw.counters()?;
+        let b = self.shared.raw.batch_counters()?;
         Ok(EngineCounters {
             tcp_requests_sent: c.tcp_requests_sent,
             tcp_requests_served: c.tcp_requests_served,
@@ -153,6 +154,8 @@ impl Engine {
             local_copies: c.local_copies,
             same_host_requests: c.same_host_requests,
             same_host_served: c.same_host_served,
+            tasks_submitted: b.tasks_submitted,
+            task_status_reads: b.task_status_reads,
         })
     }
 
@@ -285,4 +288,12 @@ pub struct EngineCounters {
     pub same_host_requests: u64,
     /// Same-host copies it performed for peers as target.
     pub same_host_served: u64,
+    /// Requests accepted by submits of this engine's batches.
+    pub tasks_submitted: u64,
+    /// Request statuses handed to callers, one per request per read. A
+    /// caller that reads each status once keeps this close to
+    /// `tasks_submitted`; [`Batch::status`](crate::Batch::status) and
+    /// [`Batch::statuses`](crate::Batch::statuses) each cost one read per
+    /// request they report.
+    pub task_status_reads: u64,
 }

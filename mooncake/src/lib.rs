@@ -107,7 +107,7 @@ mod notify;
 pub mod rdma;
 mod segment;
 
-pub use batch::{Batch, Opcode, TaskStatus};
+pub use batch::{Batch, Opcode, Statuses, TaskStatus};
 pub use config::{EngineBuilder, GpuRegistration, Metadata, Protocol, TcpVersion};
 pub use engine::{Engine, EngineCounters};
 pub use error::{Error, ErrorCode, Result};

@@ -357,3 +357,80 @@ fn a_reset_batch_is_reused_round_after_round() {
     let got = local.local_slice_mut(None).unwrap();
     assert_eq!(first_mismatch(got, 9, 0), None);
 }
+
+/// Reading statuses stays linear in the batch size: a wait reads each
+/// request's status once, and later per-request or whole-batch queries
+/// answer from that copy. Before this guard the producer asked
+/// `status(i)` for every `i`, and each call re-read the statuses of
+/// requests `0..=i` (n²/2 reads for a batch of n).
+#[test]
+fn status_reads_are_linear_in_batch_size() {
+    const N: usize = 20_000;
+    const LEN: usize = 64;
+    let target = engine();
+    let init = engine();
+    let published = target
+        .register(patterned(N * LEN, 9), "*", Access::RemoteAccessible)
+        .unwrap();
+    let mut local = init
+        .register(HostBuffer::new(N * LEN).unwrap(), "*", Access::LocalOnly)
+        .unwrap();
+    let seg = init.open_segment(target.segment_name()).unwrap();
+    let mut b = init.batch(N).unwrap();
+    for i in 0..N {
+        b.read(
+            &local,
+            i * LEN,
+            &seg,
+            published.addr() + (i * LEN) as u64,
+            LEN,
+        )
+        .unwrap();
+    }
+    let before = init.counters().unwrap();
+    b.submit().unwrap();
+    b.wait(None).unwrap();
+    for i in 0..N {
+        assert_eq!(b.status(i).unwrap(), TaskStatus::Completed);
+        assert_eq!(b.transferred_bytes(i).unwrap(), LEN as u64);
+    }
+    let all = b.statuses().unwrap();
+    assert_eq!(all.len(), N);
+    assert_eq!(all.not_completed().count(), 0);
+    assert!(all.iter().all(|s| s == TaskStatus::Completed));
+    let after = init.counters().unwrap();
+    assert_eq!(after.tasks_submitted - before.tasks_submitted, N as u64);
+    assert_eq!(
+        after.task_status_reads - before.task_status_reads,
+        N as u64,
+        "one status read per request for wait + {N} status() + statuses()"
+    );
+    drop(b);
+    let got = local.local_slice_mut(None).unwrap();
+    assert_eq!(first_mismatch(got, 9, 0), None);
+
+    // Before a wait, a per-request query costs one read, not a prefix.
+    let mut b = init.batch(N).unwrap();
+    for i in 0..N {
+        b.read(
+            &local,
+            i * LEN,
+            &seg,
+            published.addr() + (i * LEN) as u64,
+            LEN,
+        )
+        .unwrap();
+    }
+    b.submit().unwrap();
+    let before = init.counters().unwrap();
+    let probes = [0usize, N / 2, N - 1];
+    for &i in &probes {
+        b.status(i).unwrap();
+    }
+    let after = init.counters().unwrap();
+    assert_eq!(
+        after.task_status_reads - before.task_status_reads,
+        probes.len() as u64
+    );
+    b.wait(None).unwrap();
+}

@@ -895,15 +895,19 @@ fn run_batch(
         Ok(()) | Err(EngineError::Transfer { .. }) => {}
         Err(e) => return Err(format!("Mooncake transfer engine returned {e}")),
     }
-    (0..descs.len())
-        .map(|i| match batch.status(i) {
-            Ok(TaskStatus::Completed) => Ok(Ok(())),
-            Ok(st) => Ok(Err(batch
-                .error_of(i)
-                .ok()
-                .filter(|m| !m.is_empty())
-                .unwrap_or_else(|| format!("{st:?}")))),
-            Err(e) => Err(e.to_string()),
-        })
-        .collect()
+    // One pass over the statuses (the wait above already read them all).
+    let statuses = batch.statuses().map_err(|e| e.to_string())?;
+    let mut out: Vec<Result<(), String>> = vec![Ok(()); statuses.len()];
+    let failed: Vec<(usize, TaskStatus)> = statuses
+        .not_completed()
+        .map(|i| (i, statuses.get(i).unwrap_or(TaskStatus::Unknown(-1))))
+        .collect();
+    for (i, st) in failed {
+        out[i] = Err(batch
+            .error_of(i)
+            .ok()
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| format!("{st:?}")));
+    }
+    Ok(out)
 }

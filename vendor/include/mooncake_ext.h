@@ -237,6 +237,16 @@ typedef struct mc_engine_limit_counters {
 } mc_engine_limit_counters_t;
 int mc_engine_get_limit_counters(transfer_engine_t engine, mc_engine_limit_counters_t *out);
 
+/* Batch bookkeeping so far: tasks accepted by submits, and task statuses
+ * handed to callers (one per task per read, by getTransferStatus or
+ * mc_batch_status). A caller that reads each status about once shows
+ * reads ~ tasks; one that re-reads a prefix per task shows reads ~ tasks^2/2. */
+typedef struct mc_engine_batch_counters {
+    uint64_t tasks_submitted;
+    uint64_t task_status_reads;
+} mc_engine_batch_counters_t;
+int mc_engine_get_batch_counters(transfer_engine_t engine, mc_engine_batch_counters_t *out);
+
 /* GPU support. In a CPU build, or without a usable GPU and driver, the
  * calls below fail with ERR_NOT_IMPLEMENTED / ERR_CONTEXT and a message that
  * names the build's CUDA major and the driver's version. */

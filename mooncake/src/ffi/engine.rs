@@ -325,6 +325,13 @@ impl RawEngine {
         Ok(out)
     }
 
+    pub(crate) fn batch_counters(&self) -> Result<sys::mc_engine_batch_counters_t> {
+        let mut out = sys::mc_engine_batch_counters_t::default();
+        // SAFETY: `out` is a writable struct of the declared layout.
+        check(unsafe { sys::mc_engine_get_batch_counters(self.handle(), &mut out) })?;
+        Ok(out)
+    }
+
     pub(crate) fn sync_segment_cache(&self) -> Result<()> {
         // SAFETY: plain call.
         check(unsafe { sys::syncSegmentCache(self.handle()) })
@@ -408,6 +415,15 @@ impl RawEngine {
             )
         })?;
         Ok(count)
+    }
+
+    /// Status of one task: O(1), whatever the batch size.
+    pub(crate) fn task_status(&self, batch: u64, task: usize) -> Result<sys::transfer_status> {
+        let mut out = sys::transfer_status::default();
+        // SAFETY: `out` is a writable struct of the declared layout; an
+        // unknown batch or task is an error, never an out-of-bounds read.
+        check(unsafe { sys::getTransferStatus(self.handle(), batch, task, &mut out) })?;
+        Ok(out)
     }
 
     pub(crate) fn transfer_error(&self, batch: u64, task: usize) -> Result<String> {

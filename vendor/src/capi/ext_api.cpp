@@ -1,4 +1,5 @@
 // The extension C ABI (mooncake_ext.h).
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -276,23 +277,20 @@ int mc_batch_status(transfer_engine_t engine, batch_id_t batch_id, struct transf
                     size_t cap, size_t *count) {
     return guard_errcode("mc_batch_status", [&] {
         TransferEngine *e = engine_of(engine, "mc_batch_status");
-        // Statuses are gathered into small stack chunks to avoid allocating.
+        // Statuses are gathered through a small stack chunk: no allocation,
+        // and one pass over the tasks whatever the batch size.
         constexpr size_t kChunk = 256;
         int st[kChunk];
         uint64_t by[kChunk];
-        size_t n = e->batch_statuses(batch_id, nullptr, nullptr, 0);
+        size_t n = e->batch_statuses(batch_id, 0, nullptr, nullptr, 0);
         if (count) *count = n;
         if (!out) return 0;
         size_t lim = cap < n ? cap : n;
-        if (lim <= kChunk) {
-            e->batch_statuses(batch_id, st, by, lim);
-            for (size_t i = 0; i < lim; ++i) out[i] = transfer_status{st[i], by[i]};
-            return 0;
+        for (size_t start = 0; start < lim; start += kChunk) {
+            size_t len = std::min(kChunk, lim - start);
+            e->batch_statuses(batch_id, start, st, by, len);
+            for (size_t i = 0; i < len; ++i) out[start + i] = transfer_status{st[i], by[i]};
         }
-        std::vector<int> vs(lim);
-        std::vector<uint64_t> vb(lim);
-        e->batch_statuses(batch_id, vs.data(), vb.data(), lim);
-        for (size_t i = 0; i < lim; ++i) out[i] = transfer_status{vs[i], vb[i]};
         return 0;
     });
 }
@@ -324,6 +322,15 @@ int mc_engine_get_limit_counters(transfer_engine_t engine, mc_engine_limit_count
         *out = mc_engine_limit_counters_t{c.tcp_conns_refused, c.tcp_conns_idle_closed,
                                           c.hs_conns_refused, c.notifies_refused,
                                           c.notify_bytes_queued};
+        return 0;
+    });
+}
+
+int mc_engine_get_batch_counters(transfer_engine_t engine, mc_engine_batch_counters_t *out) {
+    return guard_errcode("mc_engine_get_batch_counters", [&] {
+        if (!out) throw Error(kErrInvalidArgument, "out pointer is null");
+        auto c = engine_of(engine, "mc_engine_get_batch_counters")->counters();
+        *out = mc_engine_batch_counters_t{c.tasks_submitted, c.task_status_reads};
         return 0;
     });
 }

@@ -245,6 +245,8 @@ TransferEngine::Counters TransferEngine::counters() const {
     c.notify_bytes_queued = notifies_.queued_bytes();
     if (ipc_) c.ipc_copies = ipc_->copies();
     c.local_copies = local_copies_.load(std::memory_order_relaxed);
+    c.tasks_submitted = tasks_submitted_.load(std::memory_order_relaxed);
+    c.task_status_reads = task_status_reads_.load(std::memory_order_relaxed);
     return c;
 }
 
@@ -550,6 +552,7 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
     }
     auto first = batch->reserve(n);
     if (!first) throw too_many();
+    tasks_submitted_.fetch_add(n, std::memory_order_relaxed);
     if (notify) batch->set_notify(*notify);
     for (size_t i = 0; i < n; ++i) {
         items[i].batch = batch;
@@ -561,14 +564,18 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
         dispatch(reqs[0].target_id, items, descs);
         return;
     }
-    std::vector<int32_t> targets;
-    for (size_t i = 0; i < n; ++i)
-        if (std::find(targets.begin(), targets.end(), reqs[i].target_id) == targets.end())
-            targets.push_back(reqs[i].target_id);
-    for (int32_t t : targets) {
+    // Several targets: one stable pass per distinct target would be
+    // O(n x targets); bucket the indices by target once instead.
+    std::unordered_map<int32_t, std::vector<size_t>> by_target;
+    std::vector<int32_t> order;  // targets in first-seen order
+    for (size_t i = 0; i < n; ++i) {
+        auto &bucket = by_target[reqs[i].target_id];
+        if (bucket.empty()) order.push_back(reqs[i].target_id);
+        bucket.push_back(i);
+    }
+    for (int32_t t : order) {
         group.clear();
-        for (size_t i = 0; i < n; ++i)
-            if (reqs[i].target_id == t) group.push_back(std::move(items[i]));
+        for (size_t i : by_target[t]) group.push_back(std::move(items[i]));
         dispatch(t, group, descs);
     }
 }
@@ -697,6 +704,7 @@ int TransferEngine::task_status(uint64_t batch_id, size_t task, uint64_t *bytes)
                           "task " + std::to_string(task) + " of batch " + std::to_string(batch_id) +
                               " does not exist (" + std::to_string(b->submitted()) + " submitted)");
     int s = b->observe(task, bytes);
+    task_status_reads_.fetch_add(1, std::memory_order_relaxed);
     if (is_terminal(s)) maybe_send_batch_notify(*b);
     return s;
 }
@@ -721,17 +729,20 @@ bool TransferEngine::wait_batch(uint64_t batch_id, int64_t timeout_ms) {
     return done;
 }
 
-size_t TransferEngine::batch_statuses(uint64_t batch_id, int *status, uint64_t *bytes, size_t cap) {
+size_t TransferEngine::batch_statuses(uint64_t batch_id, size_t start, int *status, uint64_t *bytes,
+                                      size_t cap) {
     auto b = batch_or_throw(batch_id);
     size_t n = b->submitted();
+    size_t end = start < n ? start + std::min(cap, n - start) : start;
     bool any_terminal = false;
-    for (size_t i = 0; i < n && i < cap; ++i) {
+    for (size_t i = start; i < end; ++i) {
         uint64_t by = 0;
         int s = b->observe(i, &by);
-        if (status) status[i] = s;
-        if (bytes) bytes[i] = by;
+        if (status) status[i - start] = s;
+        if (bytes) bytes[i - start] = by;
         any_terminal = any_terminal || is_terminal(s);
     }
+    if (end > start) task_status_reads_.fetch_add(end - start, std::memory_order_relaxed);
     if (any_terminal) maybe_send_batch_notify(*b);
     return n;
 }

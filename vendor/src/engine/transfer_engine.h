@@ -89,7 +89,10 @@ public:
     bool wait_batch(uint64_t batch_id, int64_t timeout_ms);
     // Copies up to `cap` statuses, marks terminal ones observed; returns the
     // task count.
-    size_t batch_statuses(uint64_t batch_id, int *status, uint64_t *bytes, size_t cap);
+    // Statuses of tasks [start, start + cap) (clipped to those submitted);
+    // returns the number of tasks submitted. Linear in `cap`, so callers
+    // walk a large batch in chunks without allocating.
+    size_t batch_statuses(uint64_t batch_id, size_t start, int *status, uint64_t *bytes, size_t cap);
     void free_batch(uint64_t batch_id);
     // Empties a batch whose tasks were all seen terminal (StatusError
     // kStatusBatchBusy otherwise).
@@ -106,6 +109,10 @@ public:
         uint64_t same_host_sent, same_host_served;
         uint64_t tcp_conns_refused, tcp_conns_idle_closed, hs_conns_refused;
         uint64_t notifies_refused, notify_bytes_queued;
+        // Tasks accepted by submit, and task statuses handed to callers:
+        // the second grows by one per task a caller reads, so a caller that
+        // re-reads a batch's prefix per task shows up as reads >> tasks.
+        uint64_t tasks_submitted, task_status_reads;
     };
     Counters counters() const;
 
@@ -152,6 +159,8 @@ private:
     std::unique_ptr<HandshakeServer> handshake_;
     std::string host_id_;  // this boot of this host (for same-host paths)
     std::atomic<uint64_t> local_copies_{0};
+    std::atomic<uint64_t> tasks_submitted_{0};
+    std::atomic<uint64_t> task_status_reads_{0};
 };
 
 }  // namespace mcrs
