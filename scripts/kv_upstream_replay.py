@@ -327,7 +327,7 @@ def replay(path, args, workdir, children):
         if line is None:
             done = sum(1 for ln in open(log, errors="replace") if ln.startswith("run "))
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"timed out after {args.timeout:.0f} s ({done} of {args.runs} runs done)")
+                raise RuntimeError(f"timed out after {args.timeout:g} s ({done} of {args.runs} runs done)")
             raise RuntimeError(why(log) if os.path.getsize(log) else f"initiator exited with {ini.wait()}")
         r = json.loads(line)
         result["ms"] = r["ms"]
@@ -336,7 +336,7 @@ def replay(path, args, workdir, children):
               + ", ".join(f"{t:.1f}" for t in r["runs_ms"]) + " ms", file=sys.stderr)
     except Exception as e:  # noqa: BLE001 - one failed case must not stop the others
         if time.monotonic() >= deadline and "timed out" not in str(e):
-            e = f"timed out after {args.timeout:.0f} s while {stage}"
+            e = f"timed out after {args.timeout:g} s while {stage}"
         result["error"] = str(e)
     finally:
         while children:
