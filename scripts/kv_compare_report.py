@@ -11,7 +11,7 @@ ms (median; null when the case failed, with an "error"), gbps. Upstream lines
 may carry "upstream_env" (engine settings other than the defaults); each
 distinct setting gets its own columns. An optional line {"meta": {...}}
 (written by scripts/perf-compare.sh) supplies the header: date, commit,
-runs, CPUs, load averages. Lines that are not JSON objects are ignored.
+runs, CPUs, load averages; lines {"note": "..."} are listed under the table. Lines that are not JSON objects are ignored.
 
 Ratios are throughput ours ÷ upstream (> 1: we are ahead). Targets, checked
 on our two paths:
@@ -33,7 +33,7 @@ PATTERNS = ("contiguous", "scattered")
 
 
 def load(paths):
-    cases, meta, dupes = {}, {}, 0
+    cases, meta, dupes = {}, {"notes": []}, 0
     for path in paths:
         f = sys.stdin if path == "-" else open(path)
         with f:
@@ -47,6 +47,9 @@ def load(paths):
                     continue
                 if "meta" in d:
                     meta.update(d["meta"])
+                    continue
+                if "note" in d:
+                    meta["notes"].append(str(d["note"]))
                     continue
                 if not all(k in d for k in ("layout", "tokens", "pattern", "path")):
                     continue
@@ -91,7 +94,7 @@ def report(cases, meta):
         return "upstream TCP" + (f", env {chr(ord('A') + tuned.index(env))}" if env else "")
 
     p("# KV transfers: mooncake-rs connector vs upstream Mooncake 0.3.13 (batch_transfer_sync_read), 127.0.0.1")
-    if meta:
+    if any(k in meta for k in ("date", "commit", "runs")):
         bits = [f"{k}: {meta[k]}" for k in ("date", "commit", "runs", "cpus", "load_start", "load_end", "seconds")
                 if k in meta]
         p("# " + ", ".join(bits))
@@ -174,6 +177,12 @@ def report(cases, meta):
                     checks.append(("PASS" if x <= 4.5 else "MISS",
                                    f"{layout} {pattern} {path}: 32k time ≤ 4.5× 8k time", f"{x:.2f}×"))
     p("")
+    if meta["notes"]:
+        p("Notes:")
+        p("")
+        for n in meta["notes"]:
+            p(f"- {n}")
+        p("")
     if notes:
         p("Failed cases:")
         p("")

@@ -39,7 +39,19 @@ Output, one line per dump, with the keys of `kv_bench --json`:
 A case that fails (non-zero return code, wrong bytes, an engine that does not
 start, more than --timeout seconds (default 120) for the whole case) gives
 "ms": null, "gbps": null and an "error" string instead of stopping the
-remaining dumps. Every process this script starts is killed (by its PID) when
+remaining dumps.
+
+Upstream's engines run with their default settings unless --env NAME=VALUE
+says otherwise; the line then carries "upstream_env": "NAME=VALUE ...". With
+its defaults the wheel's TCP transport admits about 2048 requests per peer
+at a time (1024 queued + 1024 waiting for admission) and fails a larger
+batch outright, so every scattered list of a long prompt fails there.
+--retry-env NAME=VALUE replays such a failed case once more with those
+settings added and prints that line too, e.g.
+    --retry-env MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER=65535
+    --retry-env MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER=65535
+    --retry-env MC_TCP_ADMISSION_TIMEOUT_MS=600000
+(65535 is the largest value the wheel accepts for the two limits). Every process this script starts is killed (by its PID) when
 the case ends, and dies with the supervisor.
 
 Memory: the source buffers are filled (resident), the destination is mapped
@@ -292,11 +304,11 @@ def read_line(proc, deadline):
     return buf.decode(errors="replace")
 
 
-def replay(path, args, workdir, children):
+def replay(path, args, env, workdir, children):
     result = {"layout": None, "tokens": None, "pattern": None, "path": "upstream-tcp",
               "descriptors": None, "bytes": None, "ms": None, "gbps": None}
-    if args.extra_env:
-        result["upstream_env"] = " ".join(f"{k}={v}" for k, v in args.extra_env.items())
+    if env:
+        result["upstream_env"] = " ".join(f"{k}={v}" for k, v in env.items())
     try:
         dump = load_dump(path)
     except (OSError, ValueError) as e:
@@ -312,7 +324,7 @@ def replay(path, args, workdir, children):
         for rank in range(len(dump["ranks"])):
             log = os.path.join(workdir, f"target-{rank}.log")
             p = spawn(["--serve", "--rank", str(rank), "--bytes", str(dump["src_bytes"])], log,
-                      args.extra_env, stdin=subprocess.PIPE)
+                      env, stdin=subprocess.PIPE)
             children.append(p)
             line = read_line(p, deadline)
             if line is None:
@@ -321,7 +333,7 @@ def replay(path, args, workdir, children):
         stage = "replaying"
         log = os.path.join(workdir, "initiator.log")
         ini = spawn(["--initiate", path, "--targets", json.dumps(targets), "--runs", str(args.runs),
-                     "--samples", str(args.samples)], log, args.extra_env)
+                     "--samples", str(args.samples)], log, env)
         children.append(ini)
         line = read_line(ini, deadline)
         if line is None:
@@ -353,6 +365,9 @@ def main():
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="environment for the upstream engines (repeatable), e.g. "
                          "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER=32768; the output line then names it")
+    ap.add_argument("--retry-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="replay a case that failed once more with these settings added (repeatable); "
+                         "both lines are printed")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--initiate", metavar="DUMP", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -361,12 +376,17 @@ def main():
     args = ap.parse_args()
     args.runs = max(1, args.runs)
     args.samples = max(2, args.samples)
-    args.extra_env = {}
-    for item in args.env:
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            ap.error(f"--env {item}: expected NAME=VALUE")
-        args.extra_env[name] = value
+    def env_of(items, flag):
+        env = {}
+        for item in items:
+            name, eq, value = item.partition("=")
+            if not eq or not name:
+                ap.error(f"{flag} {item}: expected NAME=VALUE")
+            env[name] = value
+        return env
+
+    args.extra_env = env_of(args.env, "--env")
+    args.retry_env = env_of(args.retry_env, "--retry-env")
     if args.serve:
         return serve(args)
     if args.initiate:
@@ -389,7 +409,11 @@ def main():
     workdir = keep or tempfile.mkdtemp(prefix="mc-kv-upstream-")
     try:
         for path in args.dumps:
-            print(json.dumps(replay(path, args, workdir, children)), flush=True)
+            result = replay(path, args, args.extra_env, workdir, children)
+            print(json.dumps(result), flush=True)
+            if "error" in result and args.retry_env:
+                retry = replay(path, args, {**args.extra_env, **args.retry_env}, workdir, children)
+                print(json.dumps(retry), flush=True)
     finally:
         while children:
             kill(children.pop())
