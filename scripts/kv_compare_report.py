@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Merges kv_bench JSON lines (ours: path "tcp" and "same-host") with the
-upstream replay's (scripts/kv_upstream_replay.py: path "upstream-tcp") into
-one markdown table per layout/tokens/pattern, with throughput ratios and the
-issue's KV targets as PASS/MISS lines.
+upstream replay's (scripts/kv_upstream_replay.py: path "upstream-tcp",
+"upstream_op" read or write) into one markdown table, a row per
+layout/tokens/pattern and a column group per upstream op, with throughput
+ratios and the issue's KV targets as PASS/MISS lines.
 
     scripts/kv_compare_report.py FILE.jsonl [FILE.jsonl ...] [--markdown OUT.md]
 
 Input lines have the keys layout, tokens, pattern, path, descriptors, bytes,
 ms (median; null when the case failed, with an "error"), gbps. Upstream lines
-may carry "upstream_env" (engine settings other than the defaults); each
-distinct setting gets its own columns. An optional line {"meta": {...}}
+may carry "upstream_env" (engine settings other than the defaults): a cell
+shows upstream with its defaults when that case completed, else the line
+with other settings that did, marked † (the settings and the default run's
+error are listed under the table). An optional line {"meta": {...}}
 (written by scripts/perf-compare.sh) supplies the header: date, commit,
 runs, CPUs, load averages; lines {"note": "..."} are listed under the table. Lines that are not JSON objects are ignored.
 
@@ -55,7 +58,7 @@ def load(paths):
                     continue
                 path_key = d["path"]
                 if path_key == UP:
-                    path_key = (UP, d.get("upstream_env", ""))
+                    path_key = (UP, d.get("upstream_op", "read"), d.get("upstream_env", ""))
                 key = (d["layout"], int(d["tokens"]), d["pattern"], path_key)
                 dupes += key in cases
                 cases[key] = d
@@ -86,67 +89,82 @@ def report(cases, meta):
     p = out.append
     rows = sorted({k[:3] for k in cases}, key=lambda r: (layout_order(r[0]), r[1], PATTERNS.index(r[2])
                                                         if r[2] in PATTERNS else 9, r[2]))
-    variants = sorted({k[3][1] for k in cases if isinstance(k[3], tuple)})
+    ops = sorted({k[3][1] for k in cases if isinstance(k[3], tuple)})
+    envs = sorted({k[3][2] for k in cases if isinstance(k[3], tuple) and k[3][2]})
+    marks = {env: "†" * (i + 1) for i, env in enumerate(envs)}
+    calls = " and ".join(f"batch_transfer_sync_{op}" for op in ops) or "no upstream lines"
 
-    tuned = [e for e in variants if e]
+    def pick(layout, tokens, pattern, op):
+        """Upstream's line for a cell: its default settings when that case
+        completed, else the first other setting that did (marked)."""
+        lines = [cases.get((layout, tokens, pattern, (UP, op, env))) for env in [""] + envs]
+        lines = [d for d in lines if d is not None]
+        good = [d for d in lines if ok(d)]
+        return (good or lines or [None])[0], lines
 
-    def up_name(env):
-        return "upstream TCP" + (f", env {chr(ord('A') + tuned.index(env))}" if env else "")
-
-    p("# KV transfers: mooncake-rs connector vs upstream Mooncake 0.3.13 (batch_transfer_sync_read), 127.0.0.1")
+    p(f"# KV transfers: mooncake-rs connector vs upstream Mooncake 0.3.13 ({calls}), 127.0.0.1")
     if any(k in meta for k in ("date", "commit", "runs")):
         bits = [f"{k}: {meta[k]}" for k in ("date", "commit", "runs", "cpus", "load_start", "load_end", "seconds")
                 if k in meta]
         p("# " + ", ".join(bits))
     p("")
-    for env in tuned:
-        p(f"{up_name(env)}: upstream engines started with {env} (not the defaults).")
-        p("")
     p("Times are medians in ms, throughput in GB/s (1e9 bytes/s); ratios are throughput "
-      "ours ÷ upstream (> 1: ours is ahead).")
+      "ours ÷ upstream (> 1: ours is ahead). Upstream read: the decode side pulls each "
+      "prefill rank's list with batch_transfer_sync_read; upstream write: each prefill rank "
+      "pushes it with batch_transfer_sync_write.")
+    for env, m in marks.items():
+        p(f"{m}: upstream failed this case with its default settings (see below) and completed it "
+          f"with {env}.")
     p("")
     head = ["layout", "tokens", "pattern", "descriptors", "ours TCP ms", "GB/s", "ours same-host ms", "GB/s"]
-    for env in variants:
-        head += [f"{up_name(env)} ms", "GB/s", "TCP ÷ up", "same-host ÷ up"]
+    for op in ops:
+        head += [f"upstream {op} ms", "GB/s", "TCP ÷ up", "same-host ÷ up"]
     p("| " + " | ".join(head) + " |")
     p("|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|")
     notes, checks = [], []
 
-    def cell_ms(d):
+    def note(d):
+        notes.append(f"{d['layout']} {d['tokens']} {d['pattern']} {d['path']}"
+                     + (f" {d['upstream_op']}" if d.get("upstream_op") else "")
+                     + (f" ({d['upstream_env']})" if d.get("upstream_env") else "")
+                     + f": {d.get('error', 'no time')}")
+        return len(notes)
+
+    def cell_ms(d, tried=()):
+        refs = [note(x) for x in tried if x is not d and not ok(x)]
         if d is None:
             return "–"
         if not ok(d):
-            notes.append(f"{d['layout']} {d['tokens']} {d['pattern']} {d['path']}"
-                         + (f" ({d['upstream_env']})" if d.get("upstream_env") else "")
-                         + f": {d.get('error', 'no time')}")
-            return f"failed[{len(notes)}]"
-        return fmt(d["ms"])
+            refs.append(note(d))
+            return "failed" + "".join(f"[{r}]" for r in refs)
+        mark = marks.get(d.get("upstream_env", ""), "")
+        return fmt(d["ms"]) + mark + "".join(f"[{r}]" for r in refs)
 
     for layout, tokens, pattern in rows:
         mine = {path: cases.get((layout, tokens, pattern, path)) for path in OURS}
-        desc = next((d["descriptors"] for d in list(mine.values()) + [cases.get((layout, tokens, pattern, (UP, e)))
-                                                                      for e in variants]
+        picks = {op: pick(layout, tokens, pattern, op) for op in ops}
+        desc = next((d["descriptors"] for d in list(mine.values()) + [v[0] for v in picks.values()]
                      if d and d.get("descriptors") is not None), None)
         cells = [layout, str(tokens), pattern, "–" if desc is None else str(desc)]
         for path in OURS:
             d = mine[path]
             cells += [cell_ms(d), fmt(d["gbps"]) if ok(d) else "–"]
-        for env in variants:
-            u = cases.get((layout, tokens, pattern, (UP, env)))
-            cells += [cell_ms(u), fmt(u["gbps"]) if ok(u) else "–"]
+        for op in ops:
+            u, tried = picks[op]
+            cells += [cell_ms(u, tried), fmt(u["gbps"]) if ok(u) else "–"]
             for path in OURS:
                 r = ratio(mine[path], u)
                 cells.append(f"{fmt(r)}×" if r is not None else "–")
                 if not ok(mine[path]):
                     continue
-                name = f"{layout} {tokens} {pattern}: ours {path} ahead of {up_name(env)}"
+                name = f"{layout} {tokens} {pattern}: ours {path} ahead of upstream {op}"
                 if u is None:
-                    if not env:  # a tuned variant may cover only some rows
-                        checks.append(("N/A", name, "no upstream result"))
+                    checks.append(("N/A", name, "no upstream result"))
                 elif not ok(u):
                     checks.append(("PASS*", name, "upstream failed"))
                 elif r is not None:
-                    checks.append(("PASS" if r > 1 else "MISS", name, f"{r:.2f}×"))
+                    mark = marks.get(u.get("upstream_env", ""), "")
+                    checks.append(("PASS" if r > 1 else "MISS", name, f"{r:.2f}×{mark}"))
         p("| " + " | ".join(cells) + " |")
 
     layouts = sorted({r[0] for r in rows}, key=layout_order)
@@ -184,7 +202,7 @@ def report(cases, meta):
             p(f"- {n}")
         p("")
     if notes:
-        p("Failed cases:")
+        p("Failed runs (upstream's failures with its default settings included):")
         p("")
         for i, n in enumerate(notes, 1):
             p(f"{i}. {n}")

@@ -4,7 +4,8 @@ Mooncake engine (the PyPI wheel mooncake-transfer-engine-non-cuda
 0.3.13.post1), over TCP on 127.0.0.1, and prints one JSON line per dump.
 
     .venv-upstream/bin/python scripts/kv_upstream_replay.py DUMP.json [DUMP.json ...]
-        [--runs N] [--timeout S] [--samples K]
+        [--op read|write] [--runs N] [--timeout S] [--samples K]
+        [--env NAME=VALUE ...] [--retry-env NAME=VALUE ...]
 
 A dump is what `kv_bench --dump-descriptors DIR` writes, one file per case:
 
@@ -12,29 +13,40 @@ A dump is what `kv_bench --dump-descriptors DIR` writes, one file per case:
      "src_bytes": <one prefill rank's KV buffer>, "dst_bytes": <decode KV buffer>,
      "ranks": [{"descriptors": [[src_off, dst_off, len], ...]}, ...]}
 
-For each dump this process (the supervisor) starts one target process per
-prefill rank (`--serve`): each initialises its own upstream TransferEngine on
-127.0.0.1 (metadata P2PHANDSHAKE, protocol tcp), maps and registers a
-src_bytes buffer filled with a per-rank pattern, and reports its session name
-and buffer address. Two ranks (llama8b-tp2to1) thus get two target engines in
-two processes, like two prefill workers. Then an initiator process
-(`--initiate`) registers a dst_bytes buffer and, per run, calls
-`batch_transfer_sync_read(target, dst addrs, src addrs, lengths)` once per rank
-with that rank's whole list, the call vLLM's Mooncake connector makes for one
-request; with several ranks the calls run in parallel threads, as a decode
-worker pulls from several prefill workers at once. One untimed warm-up batch
-per rank opens the segment and the data connections first. The result is the
-median wall time of --runs runs (default 5).
+For each dump this process (the supervisor) starts the engines as child
+processes, each its own upstream TransferEngine on 127.0.0.1 (metadata
+P2PHANDSHAKE, protocol tcp), and then times --runs runs (default 5; median
+kept) after one untimed warm-up batch per rank (segment lookup, data
+connections):
+
+  --op read (default): one target process per prefill rank maps, fills
+  (per-rank pattern) and registers a src_bytes buffer, like a prefill
+  worker; two ranks (llama8b-tp2to1) are two target processes. The
+  initiator (the decode worker) registers a dst_bytes buffer and per run
+  calls batch_transfer_sync_read(target, dst addrs, src addrs, lengths)
+  once per rank with that rank's whole list, one batch per request.
+  --op write: one target process registers the dst_bytes buffer (the
+  decode worker); the initiator process holds one engine and filled
+  src_bytes buffer per rank (the prefill workers) and per run each calls
+  batch_transfer_sync_write(target, src addrs, dst addrs, lengths) with its
+  list: the direction our connector moves KV, and the call of the
+  connector shipped in upstream's wheel.
+
+With several ranks the per-rank calls run in parallel threads (the binding
+releases the GIL while a batch runs), as prefill and decode workers run
+concurrently.
 
 Every run is checked: before it, sampled windows of the destination (the
 start, middle and end of --samples descriptors per rank, first and last
 included) are zeroed; after it they must hold the source pattern bytes of
-their descriptor.
+their descriptor (with --op write they are zeroed and read back through
+the engine, untimed).
 
 Output, one line per dump, with the keys of `kv_bench --json`:
 
     {"layout": ..., "tokens": ..., "pattern": ..., "path": "upstream-tcp",
-     "descriptors": <all ranks>, "bytes": <all ranks>, "ms": <median>, "gbps": <GB/s, 1e9>}
+     "descriptors": <all ranks>, "bytes": <all ranks>, "ms": <median>, "gbps": <GB/s, 1e9>,
+     "upstream_op": "read" or "write"}
 
 A case that fails (non-zero return code, wrong bytes, an engine that does not
 start, more than --timeout seconds (default 120) for the whole case) gives
@@ -44,19 +56,26 @@ remaining dumps.
 Upstream's engines run with their default settings unless --env NAME=VALUE
 says otherwise; the line then carries "upstream_env": "NAME=VALUE ...". With
 its defaults the wheel's TCP transport admits about 2048 requests per peer
-at a time (1024 queued + 1024 waiting for admission) and fails a larger
-batch outright, so every scattered list of a long prompt fails there.
+at a time (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER and
+MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER, 1024 each; observed: a batch of
+2048 descriptors completes, most larger ones fail at once with "queue-full"
+rejections), so every scattered list of a long prompt fails there.
 --retry-env NAME=VALUE replays such a failed case once more with those
 settings added and prints that line too, e.g.
     --retry-env MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER=65535
     --retry-env MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER=65535
     --retry-env MC_TCP_ADMISSION_TIMEOUT_MS=600000
-(65535 is the largest value the wheel accepts for the two limits). Every process this script starts is killed (by its PID) when
-the case ends, and dies with the supervisor.
+(65535 is the largest value the wheel accepts for the two limits).
+
+Every process this script starts is killed (by its PID) when the case
+ends, and dies with the supervisor. KV_REPLAY_LOGS=DIR keeps the engines'
+logs of the last case in DIR.
 
 Memory: the source buffers are filled (resident), the destination is mapped
 with MAP_NORESERVE and only the bytes written become resident; llama8b at
 32k tokens scattered is about 4 GiB source and 4 of its 8 GiB destination.
+
+    .venv-upstream/bin/python scripts/kv_upstream_replay.py --op write --runs 3 /tmp/kvdump/*.json
 """
 import argparse
 import ctypes
@@ -124,13 +143,21 @@ def new_engine():
 
 # ---------------------------------------------------------------- target side
 
-def serve(args):
-    engine = new_engine()
-    mm, base = map_buffer(args.bytes, noreserve=False)
-    pat = pattern(args.rank)[:PERIOD]
-    for off in range(0, args.bytes, PERIOD):
-        n = min(PERIOD, args.bytes - off)
+def fill(mm, size, rank):
+    pat = pattern(rank)[:PERIOD]
+    for off in range(0, size, PERIOD):
+        n = min(PERIOD, size - off)
         mm[off:off + n] = pat[:n]
+
+
+def serve(args):
+    """A passive engine with one registered buffer: a prefill rank's KV cache
+    (filled) for --op read, the decode KV cache (--rank -1: not filled) for
+    --op write."""
+    engine = new_engine()
+    mm, base = map_buffer(args.bytes, noreserve=args.rank < 0)
+    if args.rank >= 0:
+        fill(mm, args.bytes, args.rank)
     rc = engine.register_memory(base, args.bytes)
     if rc != 0:
         raise RuntimeError(f"register_memory({args.bytes} bytes) returned {rc}")
@@ -157,65 +184,118 @@ def windows(desc):
     return sorted({(0, w), ((n - w) // 2, w), (n - w, w)})
 
 
-def initiate(args):
-    dump = load_dump(args.dump)
-    targets = json.loads(args.targets)
-    engine = new_engine()
-    mm, dst_base = map_buffer(dump["dst_bytes"], noreserve=True)
-    rc = engine.register_memory(dst_base, dump["dst_bytes"])
-    if rc != 0:
-        raise RuntimeError(f"register_memory({dump['dst_bytes']} bytes) returned {rc}")
-    plans = []
-    for rank, (r, t) in enumerate(zip(dump["ranks"], targets)):
-        descs = r["descriptors"]
-        plans.append({
-            "rank": rank,
-            "session": t["session"],
-            "dst": [dst_base + d for _, d, _ in descs],
-            "src": [t["base"] + s for s, _, _ in descs],
-            "len": [n for _, _, n in descs],
-            "checks": [(descs[i], windows(descs[i])) for i in samples_of(descs, args.samples)],
-            "pattern": pattern(rank),
-        })
+def call_all(plans, sl, fn_name):
+    """One batch call per rank (in parallel threads when there are several:
+    the pybind calls release the GIL, so the batches overlap)."""
+    out = {}
 
-    def call(plan, sl, out):
+    def call(plan):
         try:
-            out[plan["rank"]] = engine.batch_transfer_sync_read(
-                plan["session"], plan["dst"][sl], plan["src"][sl], plan["len"][sl])
+            out[plan["rank"]] = getattr(plan["engine"], fn_name)(
+                plan["session"], plan["local"][sl], plan["remote"][sl], plan["len"][sl])
         except Exception as e:  # noqa: BLE001 - reported as the case's error
             out[plan["rank"]] = f"{type(e).__name__}: {e}"
 
-    def issue(sl):
-        out = {}
-        if len(plans) == 1:
-            call(plans[0], sl, out)
-        else:
-            threads = [threading.Thread(target=call, args=(p, sl, out)) for p in plans]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-        for p in plans:
-            if out.get(p["rank"]) != 0:
-                raise RuntimeError(f"batch_transfer_sync_read (rank {p['rank']}, "
-                                   f"{len(p['len'][sl])} descriptors) returned {out.get(p['rank'])}")
+    if len(plans) == 1:
+        call(plans[0])
+    else:
+        threads = [threading.Thread(target=call, args=(p,)) for p in plans]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    for p in plans:
+        if out.get(p["rank"]) != 0:
+            raise RuntimeError(f"{fn_name} (rank {p['rank']}, {len(p['len'][sl])} descriptors) "
+                               f"returned {out.get(p['rank'])}")
 
-    issue(slice(0, 64))  # warm-up: segment lookup and data connections
+
+def initiate(args):
+    """--op read: one engine (the decode worker) pulls each rank's list from
+    that rank's target. --op write: one engine per rank (the prefill
+    workers, in this process) pushes its list into the decode target."""
+    dump = load_dump(args.dump)
+    targets = json.loads(args.targets)
+    ranks = dump["ranks"]
+    plans = []
+    if args.op == "read":
+        engine = new_engine()
+        dst_mm, dst_base = map_buffer(dump["dst_bytes"], noreserve=True)
+        rc = engine.register_memory(dst_base, dump["dst_bytes"])
+        if rc != 0:
+            raise RuntimeError(f"register_memory({dump['dst_bytes']} bytes) returned {rc}")
+        for rank, (r, t) in enumerate(zip(ranks, targets)):
+            descs = r["descriptors"]
+            plans.append({"rank": rank, "engine": engine, "session": t["session"], "descs": descs,
+                          "local": [dst_base + d for _, d, _ in descs],
+                          "remote": [t["base"] + s for s, _, _ in descs]})
+    else:
+        target = targets[0]
+        dst_base = target["base"]
+        for rank, r in enumerate(ranks):
+            engine = new_engine()
+            mm, src_base = map_buffer(dump["src_bytes"], noreserve=False)
+            fill(mm, dump["src_bytes"], rank)
+            rc = engine.register_memory(src_base, dump["src_bytes"])
+            if rc != 0:
+                raise RuntimeError(f"register_memory({dump['src_bytes']} bytes) returned {rc}")
+            descs = r["descriptors"]
+            plans.append({"rank": rank, "engine": engine, "session": target["session"], "descs": descs,
+                          "local": [src_base + s for s, _, _ in descs],
+                          "remote": [dst_base + d for _, d, _ in descs], "mm": mm})
+    checks = []  # (rank, src_off + window offset, dst_off + window offset, length)
+    for p in plans:
+        p["len"] = [n for _, _, n in p["descs"]]
+        for i in samples_of(p["descs"], args.samples):
+            s, d, _ = p["descs"][i]
+            checks += [(p["rank"], s + o, d + o, n) for o, n in windows(p["descs"][i])]
+    pats = {p["rank"]: pattern(p["rank"]) for p in plans}
+
+    if args.op == "read":
+        def clear():
+            for _, _, d, n in checks:
+                ctypes.memset(dst_base + d, 0, n)
+
+        def check():
+            return [c for c in checks if dst_mm[c[2]:c[2] + c[3]] != expected(pats[c[0]], c[1], c[3])]
+    else:
+        # The destination is in the target process: windows are zeroed and
+        # read back through the engine (untimed), from a scratch buffer.
+        total = sum(c[3] for c in checks)
+        scratch_mm, scratch = map_buffer(total, noreserve=False)
+        first = plans[0]["engine"]
+        if first.register_memory(scratch, total) != 0:
+            raise RuntimeError("register_memory(scratch) returned non-zero")
+        offs = [0]
+        for c in checks[:-1]:
+            offs.append(offs[-1] + c[3])
+        io = {"rank": -1, "engine": first, "session": plans[0]["session"],
+              "local": [scratch + o for o in offs], "remote": [dst_base + c[2] for c in checks],
+              "len": [c[3] for c in checks]}
+
+        def clear():
+            ctypes.memset(scratch, 0, total)
+            call_all([io], slice(None), "batch_transfer_sync_write")
+
+        def check():
+            ctypes.memset(scratch, 0xA5, total)
+            call_all([io], slice(None), "batch_transfer_sync_read")
+            return [c for c, o in zip(checks, offs)
+                    if scratch_mm[o:o + c[3]] != expected(pats[c[0]], c[1], c[3])]
+
+    fn = f"batch_transfer_sync_{args.op}"
+    call_all(plans, slice(0, 64), fn)  # warm-up: segment lookup and data connections
     times = []
     for run in range(args.runs):
-        for p in plans:
-            for (_, d, _), ws in p["checks"]:
-                for o, n in ws:
-                    ctypes.memset(dst_base + d + o, 0, n)
+        clear()
         t0 = time.perf_counter()
-        issue(slice(None))
+        call_all(plans, slice(None), fn)
         ms = (time.perf_counter() - t0) * 1e3
-        for p in plans:
-            for (s, d, _), ws in p["checks"]:
-                for o, n in ws:
-                    if mm[d + o:d + o + n] != expected(p["pattern"], s + o, n):
-                        raise RuntimeError(f"verification failed: rank {p['rank']} descriptor "
-                                           f"src_off={s} dst_off={d}, bytes {o}..{o + n} differ (run {run + 1})")
+        bad = check()
+        if bad:
+            r, s, d, n = bad[0]
+            raise RuntimeError(f"verification failed: {len(bad)} of {len(checks)} checked windows differ, "
+                               f"e.g. rank {r} src_off={s} dst_off={d} len={n} (run {run + 1})")
         times.append(ms)
         print(f"run {run + 1}: {ms:.2f} ms", file=sys.stderr, flush=True)
     print(json.dumps({"ms": statistics.median(times), "runs_ms": times}), flush=True)
@@ -306,7 +386,7 @@ def read_line(proc, deadline):
 
 def replay(path, args, env, workdir, children):
     result = {"layout": None, "tokens": None, "pattern": None, "path": "upstream-tcp",
-              "descriptors": None, "bytes": None, "ms": None, "gbps": None}
+              "descriptors": None, "bytes": None, "ms": None, "gbps": None, "upstream_op": args.op}
     if env:
         result["upstream_env"] = " ".join(f"{k}={v}" for k, v in env.items())
     try:
@@ -321,19 +401,22 @@ def replay(path, args, env, workdir, children):
     stage = "starting the upstream targets"
     try:
         targets = []
-        for rank in range(len(dump["ranks"])):
-            log = os.path.join(workdir, f"target-{rank}.log")
-            p = spawn(["--serve", "--rank", str(rank), "--bytes", str(dump["src_bytes"])], log,
-                      env, stdin=subprocess.PIPE)
+        # read: one target per prefill rank holding its KV cache (two ranks are
+        # two processes, like two prefill workers); write: the decode target.
+        serving = ([(rank, dump["src_bytes"]) for rank in range(len(dump["ranks"]))] if args.op == "read"
+                   else [(-1, dump["dst_bytes"])])
+        for rank, size in serving:
+            log = os.path.join(workdir, f"target-{len(targets)}.log")
+            p = spawn(["--serve", "--rank", str(rank), "--bytes", str(size)], log, env, stdin=subprocess.PIPE)
             children.append(p)
             line = read_line(p, deadline)
             if line is None:
-                raise RuntimeError(f"upstream target {rank} did not start: {why(log)}")
+                raise RuntimeError(f"upstream target {len(targets)} did not start: {why(log)}")
             targets.append(json.loads(line))
         stage = "replaying"
         log = os.path.join(workdir, "initiator.log")
         ini = spawn(["--initiate", path, "--targets", json.dumps(targets), "--runs", str(args.runs),
-                     "--samples", str(args.samples)], log, env)
+                     "--samples", str(args.samples), "--op", args.op], log, env)
         children.append(ini)
         line = read_line(ini, deadline)
         if line is None:
@@ -362,6 +445,9 @@ def main():
     ap.add_argument("--runs", type=int, default=5, help="timed runs per case (median kept)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds per case, start-up included")
     ap.add_argument("--samples", type=int, default=64, help="descriptors checked per rank and run")
+    ap.add_argument("--op", choices=("read", "write"), default="read",
+                    help="read: the decode side pulls (batch_transfer_sync_read, default); write: each "
+                         "prefill rank pushes (batch_transfer_sync_write)")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="environment for the upstream engines (repeatable), e.g. "
                          "MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER=32768; the output line then names it")

@@ -17,14 +17,17 @@
 #
 #   scripts/perf-compare.sh --kv [--kv-layouts llama8b,mla,small] [--kv-tokens 2048,8192,32768]
 #       [--runs N] [--markdown FILE] [--kv-timeout S] [--kv-upstream-env "NAME=VALUE ..."]
-#       [--kv-dumps DIR]
+#       [--kv-dumps DIR] [--kv-upstream-op read|write|read,write]
 #
 # builds examples/kv_bench and, layout by layout (so both engines run in
 # the same period), runs `kv_bench --layout L --json --path both
 # --dump-descriptors DIR` (our TCP and same-host paths) and then replays
 # every dumped descriptor list through upstream's engine
-# (scripts/kv_upstream_replay.py: batch_transfer_sync_read, TCP on
-# 127.0.0.1, --kv-timeout seconds per case, default 180). All JSON lines go
+# (scripts/kv_upstream_replay.py, TCP on 127.0.0.1, --kv-timeout seconds
+# per case, default 180), by default both ways: the decode side pulling
+# with batch_transfer_sync_read, and the prefill ranks pushing with
+# batch_transfer_sync_write (what our connector and the connector shipped
+# in upstream's wheel do); --kv-upstream-op read or write keeps one. All JSON lines go
 # to target/perf/kv-<UTC time>.jsonl; scripts/kv_compare_report.py turns
 # them into one markdown table (ratios ours / upstream, the issue's targets
 # as PASS/MISS), printed and, with --markdown FILE, written there.
@@ -56,6 +59,7 @@ kv_timeout=180
 # these raised limits (the largest values the wheel accepts).
 kv_up_env="MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER=65535 MC_TCP_MAX_PENDING_ADMISSIONS_PER_PEER=65535 MC_TCP_ADMISSION_TIMEOUT_MS=600000"
 kv_dumps=""
+kv_ops="read,write"
 while [ $# -gt 0 ]; do
   case $1 in
     --baseline-rev) baseline_rev=$2; shift 2 ;;
@@ -66,6 +70,7 @@ while [ $# -gt 0 ]; do
     --kv-timeout) kv_timeout=$2; shift 2 ;;
     --kv-upstream-env) kv_up_env=$2; shift 2 ;;
     --kv-dumps) kv_dumps=$2; shift 2 ;;
+    --kv-upstream-op) kv_ops=$2; shift 2 ;;
     --markdown) kv_markdown=$2; shift 2 ;;
     --runs) kv_runs=$2; args+=("$1" "$2"); shift 2 ;;
     *) args+=("$1"); shift ;;
@@ -113,8 +118,11 @@ if [ "$kv" = 1 ]; then
       continue
     fi
     echo "perf-compare: upstream replay of ${#dumps[@]} $layout case(s)" >&2
-    .venv-upstream/bin/python scripts/kv_upstream_replay.py --runs "$kv_runs" --timeout "$kv_timeout" \
-      "${up_env_args[@]}" "${dumps[@]}" | tee -a "$out" >&2
+    IFS=, read -r -a ops <<<"$kv_ops"
+    for op in "${ops[@]}"; do
+      .venv-upstream/bin/python scripts/kv_upstream_replay.py --op "$op" --runs "$kv_runs" \
+        --timeout "$kv_timeout" "${up_env_args[@]}" "${dumps[@]}" | tee -a "$out" >&2
+    done
   done
   printf '{"meta": {"load_end": "%s", "seconds": %s}}\n' "$(cut -d' ' -f1 /proc/loadavg)" \
     "$(($(date +%s) - start))" >>"$out"
