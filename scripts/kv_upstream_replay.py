@@ -420,7 +420,8 @@ def replay(path, args, env, workdir, children):
         children.append(ini)
         line = read_line(ini, deadline)
         if line is None:
-            done = sum(1 for ln in open(log, errors="replace") if ln.startswith("run "))
+            with open(log, errors="replace") as f:
+                done = sum(1 for ln in f if ln.startswith("run "))
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"timed out after {args.timeout:g} s ({done} of {args.runs} runs done)")
             raise RuntimeError(why(log) if os.path.getsize(log) else f"initiator exited with {ini.wait()}")
@@ -462,6 +463,7 @@ def main():
     args = ap.parse_args()
     args.runs = max(1, args.runs)
     args.samples = max(2, args.samples)
+
     def env_of(items, flag):
         env = {}
         for item in items:
