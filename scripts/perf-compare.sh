@@ -104,6 +104,7 @@ if [ "$kv" = 1 ]; then
   for layout in "${layouts[@]}"; do
     echo "perf-compare: kv_bench --layout $layout" >&2
     mkdir -p "$kv_dumps/$layout"
+    rm -f "$kv_dumps/$layout"/*.json  # a kept --kv-dumps DIR from an earlier run
     # Only JSON lines count; a failing layout is reported and the others still run.
     "$bench" --layout "$layout" "${token_args[@]}" --path both --runs "$kv_runs" --json \
       --dump-descriptors "$kv_dumps/$layout" | grep '^{' | tee -a "$out" >&2 \
@@ -121,7 +122,8 @@ if [ "$kv" = 1 ]; then
     IFS=, read -r -a ops <<<"$kv_ops"
     for op in "${ops[@]}"; do
       .venv-upstream/bin/python scripts/kv_upstream_replay.py --op "$op" --runs "$kv_runs" \
-        --timeout "$kv_timeout" "${up_env_args[@]}" "${dumps[@]}" | tee -a "$out" >&2
+        --timeout "$kv_timeout" "${up_env_args[@]}" "${dumps[@]}" | tee -a "$out" >&2 \
+        || printf '{"note": "the upstream replay (%s, %s) stopped early"}\n' "$layout" "$op" >>"$out"
     done
   done
   printf '{"meta": {"load_end": "%s", "seconds": %s}}\n' "$(cut -d' ' -f1 /proc/loadavg)" \
