@@ -13,7 +13,8 @@ Configurations (each repeated --runs times, interleaved, median kept):
     older build of our bench (perf-compare.sh --baseline-rev REV builds
     one), interleaved with the current build, for a before/after table
 
-Started by scripts/perf-compare.sh, which installs what this needs.
+With --markdown FILE the tables also go to FILE. Started by
+scripts/perf-compare.sh, which installs what this needs.
 Every number in the output comes from this one invocation.
 """
 import argparse
@@ -154,6 +155,21 @@ def run_iperf(duration):
         srv.wait()
 
 
+class Tee:
+    """stdout that also writes to a file (--markdown)."""
+
+    def __init__(self, *outs):
+        self.outs = outs
+
+    def write(self, text):
+        for o in self.outs:
+            o.write(text)
+
+    def flush(self):
+        for o in self.outs:
+            o.flush()
+
+
 def fmt(v, digits=2):
     return "–" if v is None else f"{v:.{digits}f}"
 
@@ -171,7 +187,10 @@ def main():
     ap.add_argument("--quick", action="store_true", help="64 KiB READ/WRITE only, for tuning")
     ap.add_argument("--baseline", help="an older build of our transfer_engine_bench, for a before/after table")
     ap.add_argument("--baseline-label", default="baseline", help="what to call it in the table")
+    ap.add_argument("--markdown", metavar="FILE", help="also write the tables to FILE")
     args = ap.parse_args()
+    if args.markdown:
+        sys.stdout = Tee(sys.stdout, open(args.markdown, "w"))
 
     ours, up = find_ours(), find_upstream()
     if not ours:
