@@ -24,6 +24,7 @@
 #include "engine_fixture.h"
 #include "handshake/frame.h"
 #include "handshake/handshake_client.h"
+#include "transport/samehost/cma.h"
 #include "transport/samehost/peer_identity.h"
 #include "transport/samehost/samehost_wire.h"
 #include "transport/tcp/tcp_wire.h"
@@ -567,6 +568,103 @@ TEST(same_host_bad_initiator_address_fails_only_its_task) {
     REQUIRE_EQ(unregisterLocalMemory(e, bad), 0);
     destroyTransferEngine(e);
     munmap(bad, 2 * page);
+}
+
+// The target copies a batch's requests many per system call. A bad
+// initiator address in the middle of a run fails that request alone: the
+// ones before and after it, in both directions, move every byte.
+TEST(same_host_vectored_batch_fails_only_the_bad_request) {
+    const size_t kReq = 200, kLen = 512;
+    Child child(kReq * kLen, 21);
+    transfer_engine_t e = make_engine(same_host());
+    REQUIRE(e);
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void *bad = mmap(nullptr, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(bad != MAP_FAILED);
+    std::vector<char> local(kReq * kLen, 'x');
+    REQUIRE_EQ(registerLocalMemory(e, bad, page, "cpu:0", 0), 0);
+    REQUIRE_EQ(registerLocalMemory(e, local.data(), local.size(), "cpu:0", 0), 0);
+    segment_id_t seg = openSegment(e, child.seg_name.c_str());
+    REQUIRE(seg > 0);
+    // Requests 0..99 READ block i; 100..199 WRITE local block i back to the
+    // peer's block i - 100 + 100 (its upper half). Two bad ones: 37 (READ)
+    // and 151 (WRITE).
+    std::vector<transfer_request> reqs(kReq);
+    for (size_t i = 0; i < kReq; ++i) {
+        bool write = i >= kReq / 2;
+        void *src = local.data() + i * kLen;
+        if (i == 37 || i == 151) src = bad;
+        reqs[i] = transfer_request{write ? OPCODE_WRITE : OPCODE_READ, src, seg, child.buf + i * kLen, kLen};
+    }
+    // The WRITEs carry a pattern of their own.
+    for (size_t i = kReq / 2; i < kReq; ++i) std::memset(local.data() + i * kLen, static_cast<int>('a' + i % 26), kLen);
+    batch_id_t b = allocateBatchID(e, kReq);
+    REQUIRE_EQ(submitTransfer(e, b, reqs.data(), kReq), 0);
+    REQUIRE_EQ(mc_batch_wait(e, b, 20000), 0);
+    std::vector<char> pattern(child.size);
+    fill_random(pattern, 21);
+    size_t failed = 0;
+    for (size_t i = 0; i < kReq; ++i) {
+        transfer_status st{};
+        REQUIRE_EQ(getTransferStatus(e, b, i, &st), 0);
+        if (i == 37 || i == 151) {
+            CHECK_EQ(st.status, STATUS_FAILED);
+            CHECK(contains(error_of(e, b, i), "could not copy"));
+            ++failed;
+            continue;
+        }
+        CHECK_EQ(st.status, STATUS_COMPLETED);
+        if (i < kReq / 2) {
+            CHECK(std::memcmp(local.data() + i * kLen, pattern.data() + i * kLen, kLen) == 0);
+        } else {
+            std::vector<char> want(kLen, static_cast<char>('a' + i % 26));
+            CHECK_EQ(child.hash(i * kLen, kLen), fnv(want.data(), kLen));
+        }
+    }
+    CHECK_EQ(failed, 2u);
+    // The failed WRITE left the peer's bytes alone; the failed READ left ours.
+    CHECK_EQ(child.hash(151 * kLen, kLen), fnv(pattern.data() + 151 * kLen, kLen));
+    CHECK(local[37 * kLen] == 'x');
+    CHECK_EQ(freeBatchID(e, b), 0);
+    CHECK_EQ(child.counters()[0], kReq - 2);
+    CHECK_EQ(counters(e).tcp_requests_sent, 0u);
+    CHECK_EQ(child.ask("canary"), std::string("OK"));
+    REQUIRE_EQ(unregisterLocalMemory(e, bad), 0);
+    destroyTransferEngine(e);
+    munmap(bad, page);
+}
+
+// cma_copy_many against this process itself: a run of pieces goes in one
+// call, a bad piece stops the run and says why, and pieces larger than one
+// call's byte budget are still copied.
+TEST(cma_copy_many_reports_the_first_bad_piece) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    void *hole = mmap(nullptr, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(hole != MAP_FAILED);
+    const size_t n = 1500, len = 100;  // more pieces than one call takes
+    std::vector<char> src(n * len), dst(n * len, 0);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7 + 3);
+    std::vector<mcrs::CmaPiece> pieces(n);
+    for (size_t i = 0; i < n; ++i)
+        pieces[i] = mcrs::CmaPiece{dst.data() + i * len, reinterpret_cast<uint64_t>(src.data() + i * len), len};
+    int err = -1;
+    CHECK_EQ(mcrs::cma_copy_many(::getpid(), false, pieces.data(), n, err), n);
+    CHECK_EQ(err, 0);
+    CHECK(dst == src);
+    // A bad remote range at 1200: 0..1199 are copied, 1201.. are not tried.
+    std::fill(dst.begin(), dst.end(), 0);
+    pieces[1200].remote = reinterpret_cast<uint64_t>(hole);
+    CHECK_EQ(mcrs::cma_copy_many(::getpid(), false, pieces.data(), n, err), 1200u);
+    CHECK_EQ(err, EFAULT);
+    CHECK(std::memcmp(dst.data(), src.data(), 1200 * len) == 0);
+    CHECK_EQ(dst[1201 * len], 0);
+    // The other direction: local -> "remote".
+    std::fill(dst.begin(), dst.end(), 0);
+    for (size_t i = 0; i < n; ++i)
+        pieces[i] = mcrs::CmaPiece{src.data() + i * len, reinterpret_cast<uint64_t>(dst.data() + i * len), len};
+    CHECK_EQ(mcrs::cma_copy_many(::getpid(), true, pieces.data(), n, err), n);
+    CHECK(dst == src);
+    munmap(hole, page);
 }
 
 TEST(same_host_descriptor_keys) {

@@ -497,6 +497,10 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
             items.clear();
             group.clear();
             descs.clear();
+            // A huge batch must not pin its scratch to this thread forever.
+            constexpr size_t kKeep = 16384;
+            if (items.capacity() > kKeep) std::vector<TransferItem>().swap(items);
+            if (group.capacity() > kKeep) std::vector<TransferItem>().swap(group);
         }
     } scrub;
     items.resize(n);

@@ -38,16 +38,23 @@ int cma_loop(uint64_t remote, char *local, size_t len, Op op) {
 // owner's own accesses is a request from another process, which it cannot
 // see, so its interceptors would report (and symbolize) every copy.
 #if defined(__SANITIZE_THREAD__)
-ssize_t vm_readv(pid_t pid, const iovec *l, const iovec *r) {
-    return ::syscall(SYS_process_vm_readv, pid, l, 1UL, r, 1UL, 0UL);
+ssize_t vm_readv(pid_t pid, const iovec *l, const iovec *r, unsigned long n = 1) {
+    return ::syscall(SYS_process_vm_readv, pid, l, n, r, n, 0UL);
 }
-ssize_t vm_writev(pid_t pid, const iovec *l, const iovec *r) {
-    return ::syscall(SYS_process_vm_writev, pid, l, 1UL, r, 1UL, 0UL);
+ssize_t vm_writev(pid_t pid, const iovec *l, const iovec *r, unsigned long n = 1) {
+    return ::syscall(SYS_process_vm_writev, pid, l, n, r, n, 0UL);
 }
 #else
-ssize_t vm_readv(pid_t pid, const iovec *l, const iovec *r) { return ::process_vm_readv(pid, l, 1, r, 1, 0); }
-ssize_t vm_writev(pid_t pid, const iovec *l, const iovec *r) { return ::process_vm_writev(pid, l, 1, r, 1, 0); }
+ssize_t vm_readv(pid_t pid, const iovec *l, const iovec *r, unsigned long n = 1) {
+    return ::process_vm_readv(pid, l, n, r, n, 0);
+}
+ssize_t vm_writev(pid_t pid, const iovec *l, const iovec *r, unsigned long n = 1) {
+    return ::process_vm_writev(pid, l, n, r, n, 0);
+}
 #endif
+
+// iovec pairs per call (the kernel's UIO_MAXIOV is 1024).
+constexpr size_t kMaxIov = 1024;
 
 }  // namespace
 
@@ -59,6 +66,54 @@ int cma_read(pid_t pid, uint64_t remote, void *local, size_t len) {
 int cma_write(pid_t pid, uint64_t remote, const void *local, size_t len) {
     return cma_loop(remote, const_cast<char *>(static_cast<const char *>(local)), len,
                     [pid](iovec *l, iovec *r) { return vm_writev(pid, l, r); });
+}
+
+size_t cma_copy_many(pid_t pid, bool to_remote, const CmaPiece *pieces, size_t n, int &err) {
+    err = 0;
+    struct iovec l[kMaxIov], r[kMaxIov];
+    size_t i = 0;
+    while (i < n) {
+        // A run of pieces for one call: at most kMaxIov of them and
+        // kMaxChunk bytes. A piece larger than that goes alone, looped.
+        size_t cnt = 0, bytes = 0;
+        while (i + cnt < n && cnt < kMaxIov && pieces[i + cnt].len <= kMaxChunk - bytes) {
+            const CmaPiece &p = pieces[i + cnt];
+            l[cnt] = {p.local, p.len};
+            r[cnt] = {reinterpret_cast<void *>(p.remote), p.len};
+            bytes += p.len;
+            ++cnt;
+        }
+        if (cnt == 0) {
+            const CmaPiece &p = pieces[i];
+            int e = to_remote ? cma_write(pid, p.remote, p.local, p.len) : cma_read(pid, p.remote, p.local, p.len);
+            if (e != 0) {
+                err = e;
+                return i;
+            }
+            ++i;
+            continue;
+        }
+        ssize_t got = to_remote ? vm_writev(pid, l, r, cnt) : vm_readv(pid, l, r, cnt);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) got = 0;  // nothing moved: the first piece says why below
+        // Whole pieces covered by the count are done. The kernel stops at
+        // the first bad range; that piece is redone alone, which either
+        // finishes it (a transient short copy) or yields its errno.
+        size_t left = static_cast<size_t>(got);
+        size_t k = 0;
+        while (k < cnt && left >= pieces[i + k].len) left -= pieces[i + k++].len;
+        i += k;
+        if (k == cnt) continue;
+        const CmaPiece &p = pieces[i];
+        int e = to_remote ? cma_write(pid, p.remote + left, static_cast<char *>(p.local) + left, p.len - left)
+                          : cma_read(pid, p.remote + left, static_cast<char *>(p.local) + left, p.len - left);
+        if (e != 0) {
+            err = e;
+            return i;
+        }
+        ++i;
+    }
+    return n;
 }
 
 int cma_check_access(pid_t pid) {

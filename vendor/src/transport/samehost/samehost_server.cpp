@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -17,7 +18,7 @@ namespace mcrs {
 namespace {
 
 // Requests read and answered per pass.
-constexpr size_t kBatch = 64;
+constexpr size_t kBatch = 256;
 
 std::string describe(const SameHostRequest &r, pid_t pid) {
     std::ostringstream s;
@@ -110,6 +111,15 @@ void SameHostServer::serve(Session *s) {
     const int fd = s->fd.get();
     unsigned char in[kBatch * kSameHostRequestLen];
     unsigned char out[kBatch * kSameHostStatusLen];
+    // A request with its range check; the pin holds the target buffer
+    // registered until the copy is done.
+    struct Checked {
+        SameHostRequest req;
+        RegionPin pin;
+        uint32_t code = kSameHostOk;
+    };
+    std::vector<Checked> batch(kBatch);
+    std::vector<CmaPiece> pieces(kBatch);
     size_t have = 0;
     // The kernel must also let us copy to and from it (ptrace rules: e.g. a
     // non-dumpable peer). If not, no greeting: the peer falls back to TCP.
@@ -147,54 +157,76 @@ void SameHostServer::serve(Session *s) {
             have += static_cast<size_t>(n);
             continue;
         }
-        size_t off = 0, nout = 0;
+        // Pass 1: decode and range-check every whole request that arrived,
+        // up to the first one refused (which closes the connection).
+        size_t off = 0, nb = 0;
         bool close_after = false;
         while (have - off >= kSameHostRequestLen) {
-            SameHostRequest req;
+            Checked &c = batch[nb++];
+            c.code = kSameHostOk;
             std::string why;
-            uint32_t code = kSameHostOk;
-            if (!decode_samehost_request(in + off, kSameHostRequestLen, req, why)) {
+            if (!decode_samehost_request(in + off, kSameHostRequestLen, c.req, why)) {
                 rejected_.fetch_add(1);
                 MC_LOG(Warn, "same-host server: malformed request from pid " << s->pid << ": " << why);
-                code = kSameHostRejected;
+                c.code = kSameHostRejected;
             } else {
                 // The one range check, as for TCP; host memory only.
-                RegionPin pin = registry_.pin(req.target_addr, req.length, /*need_remote=*/true);
-                if (!pin || pin.region()->device >= 0) {
+                c.pin = registry_.pin(c.req.target_addr, c.req.length, /*need_remote=*/true);
+                if (!c.pin || c.pin.region()->device >= 0) {
                     rejected_.fetch_add(1);
-                    MC_LOG(Warn, "same-host server: rejected " << describe(req, s->pid)
+                    MC_LOG(Warn, "same-host server: rejected " << describe(c.req, s->pid)
                                                                << ": not inside one registered "
                                                                   "remote-accessible host buffer");
-                    code = kSameHostRejected;
-                } else if (!pidfd_alive(s->pidfd.get())) {
-                    // The attested process is gone; its pid may name another.
-                    MC_LOG(Info, "same-host server: pid " << s->pid << " has exited; closing");
-                    ok = false;
-                    break;
-                } else {
-                    void *target = reinterpret_cast<void *>(req.target_addr);
-                    size_t len = static_cast<size_t>(req.length);
-                    int err = req.opcode == kSameHostOpRead
-                                  ? cma_write(s->pid, req.initiator_addr, target, len)
-                                  : cma_read(s->pid, req.initiator_addr, target, len);
-                    pin.release();
-                    if (err != 0) {
-                        MC_LOG(Info, "same-host server: " << describe(req, s->pid)
-                                                          << ": the copy failed: " << errno_string(err));
-                        code = kSameHostCopyFailed;
-                    } else {
-                        served_.fetch_add(1, std::memory_order_relaxed);
-                    }
+                    c.code = kSameHostRejected;
+                    c.pin.release();
                 }
             }
-            encode_samehost_status(code, out + nout * kSameHostStatusLen);
-            ++nout;
             off += kSameHostRequestLen;
-            if (code == kSameHostRejected) {
+            if (c.code == kSameHostRejected) {
                 close_after = true;  // the peer named memory it may not touch
                 break;
             }
         }
+        // The attested process must still be the one behind the pid right
+        // before the copies: once it has exited, the pid may name another.
+        if (!pidfd_alive(s->pidfd.get())) {
+            MC_LOG(Info, "same-host server: pid " << s->pid << " has exited; closing");
+            for (size_t i = 0; i < nb; ++i) batch[i].pin.release();
+            break;
+        }
+        // Pass 2: each run of accepted requests in one direction is one
+        // vectored copy (many requests per system call, not one each).
+        for (size_t i = 0; i < nb;) {
+            if (batch[i].code != kSameHostOk) {
+                ++i;
+                continue;
+            }
+            const uint8_t op = batch[i].req.opcode;
+            size_t cnt = 0;
+            while (i + cnt < nb && batch[i + cnt].code == kSameHostOk && batch[i + cnt].req.opcode == op) {
+                const SameHostRequest &r = batch[i + cnt].req;
+                pieces[cnt] = CmaPiece{reinterpret_cast<void *>(r.target_addr), r.initiator_addr,
+                                       static_cast<size_t>(r.length)};
+                ++cnt;
+            }
+            int err = 0;
+            // READ: target -> initiator, so the peer's memory is written.
+            size_t done = cma_copy_many(s->pid, op == kSameHostOpRead, pieces.data(), cnt, err);
+            served_.fetch_add(done, std::memory_order_relaxed);
+            if (done < cnt) {
+                Checked &bad = batch[i + done];
+                MC_LOG(Info, "same-host server: " << describe(bad.req, s->pid)
+                                                  << ": the copy failed: " << errno_string(err));
+                bad.code = kSameHostCopyFailed;
+                ++done;  // the rest of the run is retried from the next one
+            }
+            i += done;
+        }
+        for (size_t i = 0; i < nb; ++i) {
+            batch[i].pin.release();
+            encode_samehost_status(batch[i].code, out + i * kSameHostStatusLen);
+        }
+        const size_t nout = nb;
         if (nout && !send_all(fd, out, nout * kSameHostStatusLen).ok()) ok = false;
         if (close_after) break;
         std::memmove(in, in + off, have - off);

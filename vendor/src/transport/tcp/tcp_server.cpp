@@ -20,7 +20,11 @@ namespace mcrs {
 namespace {
 
 constexpr uint64_t kMaxDrainBytes = 16u << 20;
-constexpr size_t kInBuf = 16384;              // request headers read ahead
+constexpr size_t kInBuf = 65536;              // request headers read ahead
+// WRITE payloads up to this size come through the read-ahead buffer (one
+// recv brings many small requests, at the price of one memcpy each);
+// larger ones go straight from the socket into memory.
+constexpr size_t kSmallPayload = 16384;
 constexpr size_t kMaxOutIov = 512;            // gathered answer pieces
 constexpr size_t kMaxOutBytes = size_t(4) << 20;  // flushed at this size
 
@@ -92,7 +96,7 @@ public:
             // After a WRITE, read just the header: when the next request is
             // a WRITE too (a peer sending one at a time), its payload then
             // goes straight into memory instead of through this buffer.
-            size_t space = after_write_ ? need - (end_ - beg_) : kInBuf - end_;
+            size_t space = after_write_ && !small_write_ ? need - (end_ - beg_) : kInBuf - end_;
             ssize_t n = ::recv(fd_, in_ + end_, space, MSG_DONTWAIT);
             if (n > 0) {
                 end_ += static_cast<size_t>(n);
@@ -114,6 +118,7 @@ public:
     // then straight from the socket, together with the next header when it
     // is already there.
     IoResult read_payload(char *mem, size_t n) {
+        if (n <= kSmallPayload) return read_small_payload(mem, n);
         size_t done = buffered() < n ? buffered() : n;
         std::memcpy(mem, head(), done);
         consume(done);
@@ -162,6 +167,51 @@ public:
         }
         IoResult r;
         r.done = done;
+        return r;
+    }
+
+    // A small payload: read ahead as much as the socket has (the requests
+    // that follow, with their payloads, usually), then copy it out.
+    IoResult read_small_payload(char *mem, size_t n) {
+        bool tried_nonblocking = false;
+        while (buffered() < n) {
+            if (kInBuf - beg_ < n || end_ == kInBuf) {
+                std::memmove(in_, in_ + beg_, end_ - beg_);
+                end_ -= beg_;
+                beg_ = 0;
+            }
+            const size_t space = kInBuf - end_;
+            ssize_t got = ::recv(fd_, in_ + end_, space, tried_nonblocking ? 0 : MSG_DONTWAIT);
+            if (got < 0) {
+                if (errno == EINTR) continue;
+                if ((errno == EAGAIN || errno == EWOULDBLOCK) && !tried_nonblocking) {
+                    // Would block: answer what is gathered, then wait.
+                    tried_nonblocking = true;
+                    if (!flush()) return failed(err_ ? err_ : EPIPE, 0);
+                    continue;
+                }
+                IoResult r;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                    r.status = IoStatus::Timeout;
+                } else {
+                    r.status = IoStatus::Error;
+                    r.err = errno;
+                }
+                return r;
+            }
+            if (got == 0) {
+                IoResult r;
+                r.status = IoStatus::Eof;
+                return r;
+            }
+            end_ += static_cast<size_t>(got);
+            drained_ = static_cast<size_t>(got) < space;
+            tried_nonblocking = false;
+        }
+        std::memcpy(mem, head(), n);
+        consume(n);
+        IoResult r;
+        r.done = n;
         return r;
     }
 
@@ -235,6 +285,7 @@ private:
 
 public:
     bool after_write_ = false;  // the last request carried a payload
+    bool small_write_ = false;  // ... of at most kSmallPayload bytes
 
 private:
     unsigned char in_[kInBuf];
@@ -587,6 +638,7 @@ TcpServer::Pass TcpServer::serve(Session &s) {
             if (!c.add_data(mem, size, std::move(pin))) break;
         } else {
             c.after_write_ = true;
+            c.small_write_ = size <= kSmallPayload;
             if (c.pending_overlaps(mem, size) && !c.flush()) break;
             IoResult io = c.read_payload(mem, size);
             if (!io.ok()) {
