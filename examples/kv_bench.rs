@@ -71,6 +71,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mooncake::LocalMemory;
 use mooncake_connector::connector::bootstrap::{
     BootstrapClient, BootstrapServer, ExpectedTopology, RegisterRequest, RetryPolicy,
 };
@@ -81,7 +82,6 @@ use mooncake_connector::connector::{
 use mooncake_connector::sim::kv_layouts::{
     all_layouts, plan_descriptors, select_layouts, BenchLayout,
 };
-use mooncake::LocalMemory;
 use serde::Serialize;
 
 const DEFAULT_TOKENS: [usize; 5] = [128, 512, 2048, 8192, 32768];
@@ -158,7 +158,11 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
                     "contiguous" => vec![false],
                     "scattered" => vec![true],
                     "both" => vec![false, true],
-                    v => return Err(format!("--pattern: {v:?} is not contiguous, scattered or both")),
+                    v => {
+                        return Err(format!(
+                            "--pattern: {v:?} is not contiguous, scattered or both"
+                        ))
+                    }
                 }
             }
             "--path" => {
@@ -246,7 +250,7 @@ async fn prefill_child(args: &[String]) {
     };
     let layout = all_layouts()
         .into_iter()
-        .find(|l| &l.name == name)
+        .find(|l| l.name == name.as_str())
         .unwrap_or_else(|| fail(format!("unknown layout {name:?}")));
     let num_blocks: u64 = blocks
         .parse()
@@ -302,13 +306,17 @@ async fn prefill_child(args: &[String]) {
     };
     while let Some(line) = lines.recv().await {
         let mut f = line.split(' ');
-        let (Some("READY"), Some(tid), Some(preq), Some(ids)) = (f.next(), f.next(), f.next(), f.next())
+        let (Some("READY"), Some(tid), Some(preq), Some(ids)) =
+            (f.next(), f.next(), f.next(), f.next())
         else {
             fail(format!("prefill child: unexpected command {line:?}"))
         };
         let ids: Vec<u64> = ids
             .split(',')
-            .map(|b| b.parse().unwrap_or_else(|_| fail(format!("bad block id {b:?}"))))
+            .map(|b| {
+                b.parse()
+                    .unwrap_or_else(|_| fail(format!("bad block id {b:?}")))
+            })
             .collect();
         let before = stats.snapshot();
         let (tcp0, sh0) = counters(&ranks);
@@ -323,9 +331,9 @@ async fn prefill_child(args: &[String]) {
                     finished += 1
                 }
                 Some(ProducerEvent::FinishedSending { .. }) => {}
-                Some(ProducerEvent::Expired { transfer_id, .. }) => {
-                    fail(format!("prefill child: transfer {transfer_id} expired unsent"))
-                }
+                Some(ProducerEvent::Expired { transfer_id, .. }) => fail(format!(
+                    "prefill child: transfer {transfer_id} expired unsent"
+                )),
                 None => fail("prefill child: producer events closed"),
             }
         }
@@ -536,11 +544,13 @@ fn write_dump(
             .collect(),
     };
     let file = dir.join(format!("{}-{tokens}-{pattern}.json", layout.name));
-    let res = std::fs::File::create(&file).map_err(|e| e.to_string()).and_then(|f| {
-        let mut w = std::io::BufWriter::new(f);
-        serde_json::to_writer(&mut w, &dump).map_err(|e| e.to_string())?;
-        w.flush().map_err(|e| e.to_string())
-    });
+    let res = std::fs::File::create(&file)
+        .map_err(|e| e.to_string())
+        .and_then(|f| {
+            let mut w = std::io::BufWriter::new(f);
+            serde_json::to_writer(&mut w, &dump).map_err(|e| e.to_string())?;
+            w.flush().map_err(|e| e.to_string())
+        });
     if let Err(e) = res {
         fail(format!("cannot write {}: {e}", file.display()));
     }
@@ -585,7 +595,15 @@ async fn run(opts: Opts) {
             );
             println!(
                 "{:>7} {:>10} {:>9} {:>11} {:>12} {:>9} {:>8} {:>9} {:>10}",
-                "tokens", "pattern", "path", "descriptors", "KV bytes", "ms", "GB/s", "tcp reqs", "same-host"
+                "tokens",
+                "pattern",
+                "path",
+                "descriptors",
+                "KV bytes",
+                "ms",
+                "GB/s",
+                "tcp reqs",
+                "same-host"
             );
         }
         for (pi, &path) in opts.paths.iter().enumerate() {
@@ -595,7 +613,9 @@ async fn run(opts: Opts) {
             let addr = child.expect("ADDR");
             let child_bytes: u64 = addr.get(1).and_then(|b| b.parse().ok()).unwrap_or(0);
             if child_bytes != src_bytes {
-                fail(format!("prefill buffer is {child_bytes} bytes, {src_bytes} expected"));
+                fail(format!(
+                    "prefill buffer is {child_bytes} bytes, {src_bytes} expected"
+                ));
             }
             let addrs: Vec<&str> = addr.get(2).map_or(vec![], |a| a.split(',').collect());
             assert_eq!(addrs.len(), tp, "one side channel per prefill rank");
@@ -670,11 +690,18 @@ async fn run(opts: Opts) {
                             .await;
                         times.push(t0.elapsed());
                         if !out.failed.is_empty() {
-                            fail(format!("{} {n} {pattern} {}: pull failed: {:?}", layout.name, path.as_str(), out.failed));
+                            fail(format!(
+                                "{} {n} {pattern} {}: pull failed: {:?}",
+                                layout.name,
+                                path.as_str(),
+                                out.failed
+                            ));
                         }
                         let sent = child.expect("SENT");
                         let num = |i: usize| -> u64 {
-                            sent.get(i).and_then(|v| v.parse().ok()).unwrap_or_else(|| fail(format!("bad SENT line {sent:?}")))
+                            sent.get(i)
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or_else(|| fail(format!("bad SENT line {sent:?}")))
                         };
                         if sent.get(1) != Some(&tid) {
                             fail(format!("SENT for {:?}, {tid} expected", sent.get(1)));
@@ -702,9 +729,17 @@ async fn run(opts: Opts) {
                         )),
                         _ => {}
                     }
-                    sampled_blocks(layout, &decode, &src, &dst, &samples, true).unwrap_or_else(|e| {
-                        fail(format!("{} {n} {pattern} {}: wrong KV bytes: {e}", layout.name, path.as_str()))
-                    });
+                    sampled_blocks(layout, &decode, &src, &dst, &samples, true).unwrap_or_else(
+                        |e| {
+                            fail(format!(
+                                "{} {n} {pattern} {}: wrong KV bytes: {e}",
+                                layout.name,
+                                path.as_str()
+                            ))
+                        },
+                    );
+                    // Engine requests per pull, for the table.
+                    let (tcp, same_host) = (tcp / opts.runs as u64, same_host / opts.runs as u64);
                     times.sort();
                     let med = times[times.len() / 2];
                     let ms = med.as_secs_f64() * 1e3;

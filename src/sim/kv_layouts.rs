@@ -100,7 +100,12 @@ pub fn select_layouts(arg: &str) -> Result<Vec<BenchLayout>, String> {
             all.iter().collect()
         } else if all.iter().any(|l| l.name == want) {
             all.iter()
-                .filter(|l| l.name == want || l.name.strip_prefix(want).is_some_and(|r| r.starts_with("-tp")))
+                .filter(|l| {
+                    l.name == want
+                        || l.name
+                            .strip_prefix(want)
+                            .is_some_and(|r| r.starts_with("-tp"))
+                })
                 .collect()
         } else {
             let names: Vec<&str> = all.iter().map(|l| l.name).collect();
@@ -333,7 +338,7 @@ mod tests {
         assert_eq!(d[1][0].len, 16 * 1024);
         let contiguous = plan_descriptors(&t, nb, nb, &src, &src).unwrap();
         assert_eq!(contiguous[0].len(), 131_072); // partial blocks never merge
-        // MLA: 61 regions of 512 blocks (block 64).
+                                                  // MLA: 61 regions of 512 blocks (block 64).
         let m = layout("mla");
         let nb = m.blocks_for(32768) as u64;
         let src: Vec<u64> = (0..nb).collect();
