@@ -58,7 +58,8 @@
 //! pattern. `llama8b` at 32k tokens: 4 GiB prefill + 8 GiB decode (the
 //! TP 2 case: 2 x 2 GiB + 8 GiB); `mla`: 2.1 + 4.3 GiB; `small`: 0.75 +
 //! 1.5 GiB; `default`: 0.25 + 0.5 GiB. Decode pages are only touched where
-//! blocks land.
+//! blocks land, but `--layout llama8b` at 32k needs about 12 GiB free (use
+//! `--max-tokens 8192` on a smaller machine).
 //!
 //! ```text
 //! cargo run --release --example kv_bench
@@ -455,10 +456,12 @@ fn gib(b: u64) -> f64 {
 /// Builds the decode worker (TP 1). For the TCP path its engine must
 /// neither use nor offer the same-host path; the engine reads
 /// `MC_DISABLE_SAME_HOST_PATH` when it is built, so the variable is set
-/// around the build only (nothing else in this process reads it).
+/// (or cleared) around the build only (nothing else in this process reads
+/// it).
 fn decode_worker(layout: &BenchLayout, blocks: u64, path: BenchPath) -> Arc<WorkerContext> {
-    if path == BenchPath::Tcp {
-        std::env::set_var("MC_DISABLE_SAME_HOST_PATH", "1");
+    match path {
+        BenchPath::Tcp => std::env::set_var("MC_DISABLE_SAME_HOST_PATH", "1"),
+        BenchPath::SameHost => std::env::remove_var("MC_DISABLE_SAME_HOST_PATH"),
     }
     let ctx = WorkerContext::new(
         config("kv_consumer", "bench-decode"),
