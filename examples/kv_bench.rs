@@ -1,177 +1,776 @@
-//! KV bytes per second from a prefill worker to a decode worker over the
-//! connector (side channel + transfer engine, TCP on 127.0.0.1), for prompts
-//! of 128 to 32k tokens, with the descriptor count per request. Each case is
-//! the median of several runs. Decode blocks are either contiguous (one
-//! descriptor per layer after coalescing) or scattered (every other block:
-//! one descriptor per block and layer).
+//! KV transfer time from a prefill worker to a decode worker over the
+//! connector (bootstrap lookup, ZMQ side channel, transfer engine writes on
+//! 127.0.0.1), with KV caches laid out as real models lay them out.
+//!
+//! The decode worker (TP 1) runs in this process; the prefill worker(s) run
+//! in a child process (this program re-executed with a hidden
+//! `--prefill-child` flag, driven over its stdin/stdout), because the
+//! engine's same-host path (Unix socket + `process_vm_readv/writev`) only
+//! connects engines of different processes. For each layout, path, prompt
+//! size and decode-block pattern, one request per pull; the time is the
+//! median of `--runs` pulls, measured from sending the pull to its reply.
+//! After every case, sampled blocks of every region (all blocks with
+//! `--verify-all`) of the decode cache are compared with the pattern the
+//! prefill side wrote, and the bench fails if they differ, if the producer's
+//! descriptor count differs from the planned one, or if the requested path
+//! was not the one taken (checked with the engine's request counters).
+//!
+//! Layouts (`--layout`, comma-separated; default `default`):
+//! - `default`: 8 layers x 8 KV heads x 64 bytes, K+V in one region per
+//!   layer, block 16 tokens (16 KiB per block and region).
+//! - `llama8b`: 32 layers x 8 KV heads x 128 dims bf16, K and V as separate
+//!   regions (64 regions), block 16 (32 KiB per block and region); also
+//!   runs `llama8b-tp2to1`: two prefill ranks (TP 2, 4 heads each, 16 KiB
+//!   per block) into one decode rank (TP 1).
+//! - `mla`: 61 layers x one 576-value bf16 latent per token, block 64
+//!   (73,728 bytes per block and region).
+//! - `small`: 24 layers x 2 KV heads x 64 dims bf16, K and V separate (48
+//!   regions), block 16 (4 KiB per block and region).
+//! - `all`: every layout in turn (caches are allocated per layout and freed
+//!   before the next).
+//!
+//! Other flags:
+//! - `--tokens 128,2048` prompt sizes (default 128,512,2048,8192,32768);
+//!   `--max-tokens N` drops larger ones.
+//! - `--pattern contiguous|scattered|both` (default both): decode blocks
+//!   `0..n` (runs merge into one descriptor per region when whole blocks
+//!   move) or block `2b+1` for prefill block `b` (one descriptor per block
+//!   and region).
+//! - `--path tcp|same-host|both` (default both): `tcp` sets
+//!   `MC_DISABLE_SAME_HOST_PATH=1` for both engines.
+//! - `--runs N` (default 5), `--verify-all`.
+//! - `--json`: one JSON object per case and line on stdout, with the keys
+//!   `layout`, `tokens`, `pattern`, `path`, `descriptors` (as the producer
+//!   counted them), `bytes`, `ms` (median), `gbps` (bytes/ms/1e6); nothing
+//!   else goes to stdout. Otherwise a table goes to stdout. Logs go to
+//!   stderr (`RUST_LOG`, default `warn`).
+//! - `--dump-descriptors DIR`: writes `DIR/<layout>-<tokens>-<pattern>.json`
+//!   per case, `{"layout", "tokens", "pattern", "src_bytes", "dst_bytes",
+//!   "ranks": [{"descriptors": [[src_off, dst_off, len], ...]}, ...]}`: the
+//!   descriptors each prefill rank sends, offsets relative to the start of
+//!   its registered buffer (`src_bytes` each) and of the decode buffer
+//!   (`dst_bytes`), so another engine can replay the same transfers. They
+//!   come from the connector's own planning functions and are checked
+//!   against the count the producer reports.
+//!
+//! Memory: caches are sized for the largest prompt chosen: prefill
+//! `regions x blocks x block bytes`, decode twice that with the scattered
+//! pattern. `llama8b` at 32k tokens: 4 GiB prefill + 8 GiB decode (the
+//! TP 2 case: 2 x 2 GiB + 8 GiB); `mla`: 2.1 + 4.3 GiB; `small`: 0.75 +
+//! 1.5 GiB; `default`: 0.25 + 0.5 GiB. Decode pages are only touched where
+//! blocks land, but `--layout llama8b` at 32k needs about 12 GiB free (use
+//! `--max-tokens 8192` on a smaller machine).
 //!
 //! ```text
-//! cargo run --release --example kv_bench [-- --runs 5 --layers 8 --heads 8 --head-size 64]
+//! cargo run --release --example kv_bench
+//! cargo run --release --example kv_bench -- --layout llama8b --tokens 128,2048 --runs 3
+//! cargo run --release --example kv_bench -- --layout all --runs 3 --json --dump-descriptors /tmp/kvdump
 //! ```
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use mooncake::LocalMemory;
 use mooncake_connector::connector::bootstrap::{
-    BootstrapClient, BootstrapServer, RegisterRequest, RetryPolicy,
+    BootstrapClient, BootstrapServer, ExpectedTopology, RegisterRequest, RetryPolicy,
 };
 use mooncake_connector::connector::{
     ConnectorEnv, ConnectorStats, Consumer, KvTransferConfig, Producer, ProducerEvent, PullRequest,
     WorkerContext,
 };
-use mooncake_connector::sim::model::{fill_block, ModelSpec};
+use mooncake_connector::sim::kv_layouts::{
+    all_layouts, plan_descriptors, select_layouts, BenchLayout,
+};
+use serde::Serialize;
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+const DEFAULT_TOKENS: [usize; 5] = [128, 512, 2048, 8192, 32768];
+/// Blocks of each region checked after a case (first, last, spread).
+const SAMPLES_PER_REGION: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BenchPath {
+    Tcp,
+    SameHost,
 }
 
-fn config(role: &str) -> KvTransferConfig {
-    KvTransferConfig::from_json(&format!(
-        r#"{{"kv_connector":"MooncakeConnector","kv_role":"{role}","engine_id":"bench-{role}","kv_connector_extra_config":{{"mooncake_protocol":"tcp"}}}}"#
-    ))
-    .unwrap()
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let runs = arg("--runs", 5).max(1);
-    let max_tokens = 32 * 1024;
-    let spec = ModelSpec {
-        layers: arg("--layers", 8),
-        heads: arg("--heads", 8),
-        head_size: arg("--head-size", 64),
-        block_size: 16,
-        num_blocks: 2 * max_tokens / 16 + 4,
-    };
-    let env = ConnectorEnv {
-        host_ip: "127.0.0.1".into(),
-        ..ConnectorEnv::default()
-    };
-    let stats_p = Arc::new(ConnectorStats::default());
-    let stats_d = Arc::new(ConnectorStats::default());
-    let p_ctx = Arc::new(
-        WorkerContext::new(
-            config("kv_producer"),
-            env.clone(),
-            spec.cache_spec(1),
-            1,
-            0,
-            0,
-            stats_p.clone(),
-        )
-        .unwrap(),
-    );
-    let d_ctx = Arc::new(
-        WorkerContext::new(
-            config("kv_consumer"),
-            env.clone(),
-            spec.cache_spec(1),
-            1,
-            0,
-            0,
-            stats_d,
-        )
-        .unwrap(),
-    );
-    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let producer = Producer::start(p_ctx.clone(), tx).await.unwrap();
-    let bootstrap = BootstrapServer::start("127.0.0.1:0".parse().unwrap(), None)
-        .await
-        .unwrap();
-    BootstrapClient::new(Duration::from_secs(5), RetryPolicy::default())
-        .register(
-            &bootstrap.url(),
-            &RegisterRequest {
-                engine_id: "bench-kv_producer".into(),
-                dp_rank: 0,
-                tp_rank: 0,
-                pp_rank: 0,
-                addr: producer.side_channel_addr().into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let consumer = Consumer::new(d_ctx);
-    // Fill the prefill cache once with a prompt of the longest length.
-    let tokens: Vec<u32> = (0..max_tokens as u32).map(|i| i % 251).collect();
-    let mut buf = vec![0u8; spec.kv_block_len(1)];
-    for layer in 0..spec.layers {
-        for b in 0..spec.blocks_for(max_tokens) {
-            fill_block(&spec, 1, 0, layer, &tokens, b, &mut buf);
-            p_ctx
-                .kv
-                .write_shared(p_ctx.block_offset(layer, b as u64), &buf)
-                .unwrap();
+impl BenchPath {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::SameHost => "same-host",
         }
     }
-    println!(
-        "mooncake-rs connector KV transfer, prefill -> decode, TCP on 127.0.0.1, 1 request per pull, median of {runs} runs"
+}
+
+struct Opts {
+    layouts: Vec<BenchLayout>,
+    tokens: Vec<usize>,
+    scattered: Vec<bool>,
+    paths: Vec<BenchPath>,
+    runs: usize,
+    json: bool,
+    dump: Option<PathBuf>,
+    verify_all: bool,
+}
+
+fn value<'a>(args: &'a [String], i: &mut usize, flag: &str) -> Result<&'a str, String> {
+    *i += 1;
+    args.get(*i)
+        .map(String::as_str)
+        .ok_or_else(|| format!("{flag} needs a value"))
+}
+
+fn number(flag: &str, v: &str) -> Result<usize, String> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{flag}: {v:?} is not a positive integer"))
+}
+
+fn parse_opts(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts {
+        layouts: select_layouts("default")?,
+        tokens: DEFAULT_TOKENS.to_vec(),
+        scattered: vec![false, true],
+        paths: vec![BenchPath::Tcp, BenchPath::SameHost],
+        runs: 5,
+        json: false,
+        dump: None,
+        verify_all: false,
+    };
+    let mut max_tokens = usize::MAX;
+    let mut i = 0;
+    while i < args.len() {
+        let flag = args[i].as_str();
+        match flag {
+            "--layout" => o.layouts = select_layouts(value(args, &mut i, flag)?)?,
+            "--tokens" => {
+                o.tokens = value(args, &mut i, flag)?
+                    .split(',')
+                    .map(|t| number(flag, t.trim()))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--max-tokens" => max_tokens = number(flag, value(args, &mut i, flag)?)?,
+            "--runs" => o.runs = number(flag, value(args, &mut i, flag)?)?,
+            "--pattern" => {
+                o.scattered = match value(args, &mut i, flag)? {
+                    "contiguous" => vec![false],
+                    "scattered" => vec![true],
+                    "both" => vec![false, true],
+                    v => {
+                        return Err(format!(
+                            "--pattern: {v:?} is not contiguous, scattered or both"
+                        ))
+                    }
+                }
+            }
+            "--path" => {
+                o.paths = match value(args, &mut i, flag)? {
+                    "tcp" => vec![BenchPath::Tcp],
+                    "same-host" => vec![BenchPath::SameHost],
+                    "both" => vec![BenchPath::Tcp, BenchPath::SameHost],
+                    v => return Err(format!("--path: {v:?} is not tcp, same-host or both")),
+                }
+            }
+            "--json" => o.json = true,
+            "--verify-all" => o.verify_all = true,
+            "--dump-descriptors" => o.dump = Some(PathBuf::from(value(args, &mut i, flag)?)),
+            other => return Err(format!("unknown flag {other:?}")),
+        }
+        i += 1;
+    }
+    o.tokens.retain(|&t| t <= max_tokens);
+    if o.tokens.is_empty() {
+        return Err("no prompt size left (--tokens / --max-tokens)".into());
+    }
+    Ok(o)
+}
+
+fn config(role: &str, engine_id: &str) -> KvTransferConfig {
+    KvTransferConfig::from_json(&format!(
+        r#"{{"kv_connector":"MooncakeConnector","kv_role":"{role}","engine_id":"{engine_id}","kv_connector_extra_config":{{"mooncake_protocol":"tcp"}}}}"#
+    ))
+    .expect("static connector config")
+}
+
+fn env() -> ConnectorEnv {
+    ConnectorEnv {
+        host_ip: "127.0.0.1".into(),
+        ..ConnectorEnv::default()
+    }
+}
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("kv_bench: {msg}");
+    std::process::exit(1);
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| fail(format!("tokio runtime: {e}")));
+    if args.first().map(String::as_str) == Some("--prefill-child") {
+        rt.block_on(prefill_child(&args[1..]));
+        return;
+    }
+    let opts = match parse_opts(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("kv_bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    rt.block_on(run(opts));
+}
+
+// ---------------------------------------------------------------- child --
+
+/// Prefill side: `--prefill-child <layout> <blocks per region>`. Fills its
+/// cache, starts one producer per TP rank, prints
+/// `ADDR <buffer bytes per rank> <side-channel addr per rank, comma-separated>`,
+/// then serves stdin lines `READY <transfer_id> <p_req_id> <block ids,>`:
+/// marks the request ready on every rank, answers `ARMED <transfer_id>`,
+/// and once every rank has sent it, `SENT <transfer_id> <descriptors>
+/// <bytes> <tcp requests> <same-host requests>` (this request's share of
+/// the connector's and engines' counters). Exits at end of input.
+async fn prefill_child(args: &[String]) {
+    let (Some(name), Some(blocks)) = (args.first(), args.get(1)) else {
+        fail("--prefill-child needs <layout> <blocks>")
+    };
+    let layout = all_layouts()
+        .into_iter()
+        .find(|l| l.name == name.as_str())
+        .unwrap_or_else(|| fail(format!("unknown layout {name:?}")));
+    let num_blocks: u64 = blocks
+        .parse()
+        .unwrap_or_else(|_| fail(format!("bad block count {blocks:?}")));
+    let tp = layout.prefill_tp;
+    let stats = Arc::new(ConnectorStats::default());
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let mut ranks = Vec::new();
+    for rank in 0..tp {
+        let ctx = Arc::new(
+            WorkerContext::new(
+                config("kv_producer", "bench-prefill"),
+                env(),
+                layout.cache_spec(tp, num_blocks),
+                tp,
+                rank,
+                0,
+                stats.clone(),
+            )
+            .unwrap_or_else(|e| fail(format!("prefill rank {rank}: {e}"))),
+        );
+        let mut buf = vec![0u8; layout.rank_block_bytes(tp) as usize];
+        for region in 0..layout.regions() {
+            for b in 0..num_blocks {
+                layout.fill_block(tp, rank, region, b, &mut buf);
+                ctx.kv
+                    .write_shared(ctx.block_offset(region, b), &buf)
+                    .unwrap_or_else(|e| fail(e));
+            }
+        }
+        let producer = Producer::start(ctx.clone(), tx.clone())
+            .await
+            .unwrap_or_else(|e| fail(format!("prefill rank {rank}: {e}")));
+        ranks.push((ctx, producer));
+    }
+    let addrs: Vec<&str> = ranks.iter().map(|(_, p)| p.side_channel_addr()).collect();
+    println!("ADDR {} {}", ranks[0].0.kv.len(), addrs.join(","));
+    // Blocking stdin lines, handed to the runtime.
+    let (line_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if line_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let counters = |ranks: &[(Arc<WorkerContext>, Producer)]| {
+        ranks.iter().fold((0u64, 0u64), |(t, s), (ctx, _)| {
+            let c = ctx.engine.counters().unwrap_or_else(|e| fail(e));
+            (t + c.tcp_requests_sent, s + c.same_host_requests)
+        })
+    };
+    while let Some(line) = lines.recv().await {
+        let mut f = line.split(' ');
+        let (Some("READY"), Some(tid), Some(preq), Some(ids)) =
+            (f.next(), f.next(), f.next(), f.next())
+        else {
+            fail(format!("prefill child: unexpected command {line:?}"))
+        };
+        let ids: Vec<u64> = ids
+            .split(',')
+            .map(|b| {
+                b.parse()
+                    .unwrap_or_else(|_| fail(format!("bad block id {b:?}")))
+            })
+            .collect();
+        let before = stats.snapshot();
+        let (tcp0, sh0) = counters(&ranks);
+        for (_, p) in &ranks {
+            p.request_ready(tid, preq, vec![ids.clone()]);
+        }
+        println!("ARMED {tid}");
+        let mut finished = 0;
+        while finished < tp {
+            match events.recv().await {
+                Some(ProducerEvent::FinishedSending { transfer_id, .. }) if transfer_id == tid => {
+                    finished += 1
+                }
+                Some(ProducerEvent::FinishedSending { .. }) => {}
+                Some(ProducerEvent::Expired { transfer_id, .. }) => fail(format!(
+                    "prefill child: transfer {transfer_id} expired unsent"
+                )),
+                None => fail("prefill child: producer events closed"),
+            }
+        }
+        let after = stats.snapshot();
+        let (tcp1, sh1) = counters(&ranks);
+        println!(
+            "SENT {tid} {} {} {} {}",
+            after.descriptors_sent - before.descriptors_sent,
+            after.bytes_sent - before.bytes_sent,
+            tcp1 - tcp0,
+            sh1 - sh0
+        );
+    }
+}
+
+// --------------------------------------------------------------- parent --
+
+/// The prefill child process and its command pipe.
+struct PrefillProc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl PrefillProc {
+    fn spawn(layout: &BenchLayout, blocks: u64, path: BenchPath) -> Self {
+        let exe = std::env::current_exe().unwrap_or_else(|e| fail(format!("current_exe: {e}")));
+        let mut cmd = Command::new(exe);
+        cmd.args(["--prefill-child", layout.name, &blocks.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        match path {
+            BenchPath::Tcp => cmd.env("MC_DISABLE_SAME_HOST_PATH", "1"),
+            BenchPath::SameHost => cmd.env_remove("MC_DISABLE_SAME_HOST_PATH"),
+        };
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| fail(format!("cannot start the prefill child: {e}")));
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        if let Err(e) = writeln!(stdin, "{line}").and_then(|_| stdin.flush()) {
+            fail(format!("prefill child: {e}"));
+        }
+    }
+
+    /// The next line, split on spaces; its first word must be `tag`.
+    fn expect(&mut self, tag: &str) -> Vec<String> {
+        let mut line = String::new();
+        let n = tokio::task::block_in_place(|| self.stdout.read_line(&mut line))
+            .unwrap_or_else(|e| fail(format!("prefill child: {e}")));
+        if n == 0 {
+            fail(format!("prefill child exited while {tag} was expected"));
+        }
+        let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        if words.first().map(String::as_str) != Some(tag) {
+            fail(format!("prefill child said {line:?}, {tag} expected"));
+        }
+        words
+    }
+}
+
+impl Drop for PrefillProc {
+    fn drop(&mut self) {
+        // End of input stops the child; kill it (by its PID) if it hangs.
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Serialize)]
+struct Row<'a> {
+    layout: &'a str,
+    tokens: usize,
+    pattern: &'a str,
+    path: &'a str,
+    descriptors: u64,
+    bytes: u64,
+    ms: f64,
+    gbps: f64,
+}
+
+#[derive(Serialize)]
+struct Dump<'a> {
+    layout: &'a str,
+    tokens: usize,
+    pattern: &'a str,
+    src_bytes: u64,
+    dst_bytes: u64,
+    ranks: Vec<DumpRank>,
+}
+
+#[derive(Serialize)]
+struct DumpRank {
+    descriptors: Vec<[u64; 3]>,
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+/// Builds the decode worker (TP 1). For the TCP path its engine must
+/// neither use nor offer the same-host path; the engine reads
+/// `MC_DISABLE_SAME_HOST_PATH` when it is built, so the variable is set
+/// (or cleared) around the build only (nothing else in this process reads
+/// it).
+fn decode_worker(layout: &BenchLayout, blocks: u64, path: BenchPath) -> Arc<WorkerContext> {
+    match path {
+        BenchPath::Tcp => std::env::set_var("MC_DISABLE_SAME_HOST_PATH", "1"),
+        BenchPath::SameHost => std::env::remove_var("MC_DISABLE_SAME_HOST_PATH"),
+    }
+    let ctx = WorkerContext::new(
+        config("kv_consumer", "bench-decode"),
+        env(),
+        layout.cache_spec(1, blocks),
+        1,
+        0,
+        0,
+        Arc::new(ConnectorStats::default()),
     );
-    println!(
-        "model: {} layers x {} KV heads x {} bytes/head, block {} tokens ({} KiB per block and layer)\n",
-        spec.layers,
-        spec.heads,
-        spec.head_size,
-        spec.block_size,
-        spec.kv_block_len(1) / 1024
-    );
-    println!(
-        "{:>7} {:>10} {:>12} {:>12} {:>10} {:>12}",
-        "tokens", "layout", "KV bytes", "descriptors", "ms", "GB/s"
-    );
-    let mut seq = 0u64;
-    for &n in &[128usize, 512, 2048, 8192, 32768] {
-        let nb = spec.blocks_for(n) as u64;
-        for scattered in [false, true] {
-            let src: Vec<u64> = (0..nb).collect();
-            let dst: Vec<u64> = if scattered {
-                (0..nb).map(|b| 2 * b + 1).collect()
-            } else {
-                (0..nb).collect()
-            };
-            let mut times = Vec::new();
-            let mut descs = 0;
-            let mut bytes = 0;
-            for _ in 0..runs {
-                seq += 1;
-                let tid = format!("xfer-{seq}");
-                let before = stats_p.snapshot();
-                producer.request_ready(&tid, &format!("p-{seq}"), vec![src.clone()]);
-                let t0 = Instant::now();
-                let out = consumer
-                    .pull(
-                        &bootstrap.url(),
-                        "bench-kv_producer",
-                        vec![PullRequest {
-                            d_req_id: format!("d-{seq}"),
-                            transfer_id: tid,
-                            blocks: vec![dst.clone()],
-                        }],
-                    )
-                    .await;
-                times.push(t0.elapsed());
-                assert!(out.failed.is_empty(), "{:?}", out.failed);
-                let after = stats_p.snapshot();
-                descs = after.descriptors_sent - before.descriptors_sent;
-                bytes = after.bytes_sent - before.bytes_sent;
-                assert!(matches!(
-                    events.recv().await,
-                    Some(ProducerEvent::FinishedSending { .. })
+    std::env::remove_var("MC_DISABLE_SAME_HOST_PATH");
+    Arc::new(ctx.unwrap_or_else(|e| fail(format!("decode worker: {e}"))))
+}
+
+/// Indices into a request's block list that are checked after a case.
+fn sample_indices(n: usize, all: bool) -> Vec<usize> {
+    if all || n <= SAMPLES_PER_REGION {
+        return (0..n).collect();
+    }
+    let mut v: Vec<usize> = (0..SAMPLES_PER_REGION)
+        .map(|k| k * (n - 1) / (SAMPLES_PER_REGION - 1))
+        .collect();
+    v.dedup();
+    v
+}
+
+/// Zeroes (`check == false`) or checks the sampled decode blocks of every
+/// region against the pattern of the prefill blocks they came from.
+fn sampled_blocks(
+    layout: &BenchLayout,
+    d: &WorkerContext,
+    src: &[u64],
+    dst: &[u64],
+    samples: &[usize],
+    check: bool,
+) -> Result<usize, String> {
+    let len = layout.block_bytes as usize;
+    let zero = vec![0u8; len];
+    let (mut want, mut got) = (vec![0u8; len], vec![0u8; len]);
+    let mut checked = 0;
+    for region in 0..layout.regions() {
+        for &i in samples {
+            let off = d.block_offset(region, dst[i]);
+            if !check {
+                d.kv.write_shared(off, &zero).map_err(|e| e.to_string())?;
+                continue;
+            }
+            layout.fill_block(1, 0, region, src[i], &mut want);
+            d.kv.read_at(off, &mut got).map_err(|e| e.to_string())?;
+            if want != got {
+                let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(format!(
+                    "region {region}, prefill block {} -> decode block {}: byte {at} differs",
+                    src[i], dst[i]
                 ));
             }
-            times.sort();
-            let med = times[times.len() / 2];
+            checked += 1;
+        }
+    }
+    Ok(checked)
+}
+
+fn write_dump(
+    dir: &std::path::Path,
+    layout: &BenchLayout,
+    tokens: usize,
+    pattern: &str,
+    src_bytes: u64,
+    dst_bytes: u64,
+    planned: &[Vec<mooncake_connector::connector::regions::Descriptor>],
+) {
+    let dump = Dump {
+        layout: layout.name,
+        tokens,
+        pattern,
+        src_bytes,
+        dst_bytes,
+        ranks: planned
+            .iter()
+            .map(|r| DumpRank {
+                descriptors: r.iter().map(|d| [d.src, d.dst, d.len]).collect(),
+            })
+            .collect(),
+    };
+    let file = dir.join(format!("{}-{tokens}-{pattern}.json", layout.name));
+    let res = std::fs::File::create(&file)
+        .map_err(|e| e.to_string())
+        .and_then(|f| {
+            let mut w = std::io::BufWriter::new(f);
+            serde_json::to_writer(&mut w, &dump).map_err(|e| e.to_string())?;
+            w.flush().map_err(|e| e.to_string())
+        });
+    if let Err(e) = res {
+        fail(format!("cannot write {}: {e}", file.display()));
+    }
+}
+
+async fn run(opts: Opts) {
+    let max_tokens = *opts.tokens.iter().max().expect("at least one size");
+    if let Some(dir) = &opts.dump {
+        std::fs::create_dir_all(dir)
+            .unwrap_or_else(|e| fail(format!("cannot create {}: {e}", dir.display())));
+    }
+    if !opts.json {
+        println!(
+            "mooncake-rs connector KV transfer: prefill (child process) -> decode, 127.0.0.1, \
+             1 request per pull, median of {} runs",
+            opts.runs
+        );
+    }
+    let mut seq = 0u64;
+    for layout in &opts.layouts {
+        let tp = layout.prefill_tp;
+        let p_blocks = layout.blocks_for(max_tokens) as u64;
+        let d_blocks = if opts.scattered.contains(&true) {
+            2 * p_blocks
+        } else {
+            p_blocks
+        };
+        let regions = layout.regions() as u64;
+        let src_bytes = regions * p_blocks * layout.rank_block_bytes(tp);
+        let dst_bytes = regions * d_blocks * layout.block_bytes;
+        if !opts.json {
             println!(
-                "{n:>7} {:>10} {bytes:>12} {descs:>12} {:>10.2} {:>12.2}",
-                if scattered { "scattered" } else { "contiguous" },
-                med.as_secs_f64() * 1e3,
-                bytes as f64 / med.as_secs_f64() / 1e9
+                "\nlayout {}: {}\n  {} regions x {} bytes per block (prefill TP {tp}: {} bytes per rank) -> decode TP 1; \
+                 caches: prefill {:.2} GiB per rank ({p_blocks} blocks/region), decode {:.2} GiB ({d_blocks} blocks/region)",
+                layout.name,
+                layout.description,
+                regions,
+                layout.block_bytes,
+                layout.rank_block_bytes(tp),
+                gib(src_bytes),
+                gib(dst_bytes),
             );
+            println!(
+                "{:>7} {:>10} {:>9} {:>11} {:>12} {:>9} {:>8} {:>9} {:>10}",
+                "tokens",
+                "pattern",
+                "path",
+                "descriptors",
+                "KV bytes",
+                "ms",
+                "GB/s",
+                "tcp reqs",
+                "same-host"
+            );
+        }
+        for (pi, &path) in opts.paths.iter().enumerate() {
+            let decode = decode_worker(layout, d_blocks, path);
+            assert_eq!(decode.kv.len() as u64, dst_bytes, "decode buffer size");
+            let mut child = PrefillProc::spawn(layout, p_blocks, path);
+            let addr = child.expect("ADDR");
+            let child_bytes: u64 = addr.get(1).and_then(|b| b.parse().ok()).unwrap_or(0);
+            if child_bytes != src_bytes {
+                fail(format!(
+                    "prefill buffer is {child_bytes} bytes, {src_bytes} expected"
+                ));
+            }
+            let addrs: Vec<&str> = addr.get(2).map_or(vec![], |a| a.split(',').collect());
+            assert_eq!(addrs.len(), tp, "one side channel per prefill rank");
+            let bootstrap = BootstrapServer::start(
+                "127.0.0.1:0".parse().expect("literal address"),
+                Some(ExpectedTopology {
+                    dp_size: 1,
+                    tp_size: tp as u32,
+                    pp_size: 1,
+                }),
+            )
+            .await
+            .unwrap_or_else(|e| fail(format!("bootstrap server: {e}")));
+            let client = BootstrapClient::new(Duration::from_secs(5), RetryPolicy::default());
+            for (rank, a) in addrs.iter().enumerate() {
+                client
+                    .register(
+                        &bootstrap.url(),
+                        &RegisterRequest {
+                            engine_id: "bench-prefill".into(),
+                            dp_rank: 0,
+                            tp_rank: rank as u32,
+                            pp_rank: 0,
+                            addr: a.to_string(),
+                            tp_size: Some(tp as u32),
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    .unwrap_or_else(|e| fail(format!("bootstrap registration: {e}")));
+            }
+            let consumer = Consumer::new(decode.clone());
+            for &n in &opts.tokens {
+                let nb = layout.blocks_for(n) as u64;
+                let src: Vec<u64> = (0..nb).collect();
+                for &scattered in &opts.scattered {
+                    let pattern = if scattered { "scattered" } else { "contiguous" };
+                    let dst: Vec<u64> = if scattered {
+                        src.iter().map(|b| 2 * b + 1).collect()
+                    } else {
+                        src.clone()
+                    };
+                    let planned = plan_descriptors(layout, p_blocks, d_blocks, &src, &dst)
+                        .unwrap_or_else(|e| fail(format!("planning {}: {e}", layout.name)));
+                    let planned_descs: u64 = planned.iter().map(|r| r.len() as u64).sum();
+                    let planned_bytes: u64 = planned.iter().flatten().map(|d| d.len).sum();
+                    if let (Some(dir), 0) = (&opts.dump, pi) {
+                        write_dump(dir, layout, n, pattern, src_bytes, dst_bytes, &planned);
+                    }
+                    let samples = sample_indices(src.len(), opts.verify_all);
+                    sampled_blocks(layout, &decode, &src, &dst, &samples, false)
+                        .unwrap_or_else(|e| fail(e));
+                    let ids = src.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+                    let mut times = Vec::with_capacity(opts.runs);
+                    let (mut descs, mut bytes, mut tcp, mut same_host) = (0, 0, 0, 0);
+                    for _ in 0..opts.runs {
+                        seq += 1;
+                        let tid = format!("xfer-{seq}");
+                        child.send(&format!("READY {tid} p-{seq} {ids}"));
+                        child.expect("ARMED");
+                        let t0 = Instant::now();
+                        let out = consumer
+                            .pull(
+                                &bootstrap.url(),
+                                "bench-prefill",
+                                vec![PullRequest {
+                                    d_req_id: format!("d-{seq}"),
+                                    transfer_id: tid.clone(),
+                                    blocks: vec![dst.clone()],
+                                }],
+                            )
+                            .await;
+                        times.push(t0.elapsed());
+                        if !out.failed.is_empty() {
+                            fail(format!(
+                                "{} {n} {pattern} {}: pull failed: {:?}",
+                                layout.name,
+                                path.as_str(),
+                                out.failed
+                            ));
+                        }
+                        let sent = child.expect("SENT");
+                        let num = |i: usize| -> u64 {
+                            sent.get(i)
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or_else(|| fail(format!("bad SENT line {sent:?}")))
+                        };
+                        if sent.get(1) != Some(&tid) {
+                            fail(format!("SENT for {:?}, {tid} expected", sent.get(1)));
+                        }
+                        (descs, bytes) = (num(2), num(3));
+                        tcp += num(4);
+                        same_host += num(5);
+                        if descs != planned_descs || bytes != planned_bytes {
+                            fail(format!(
+                                "{} {n} {pattern}: the producer sent {descs} descriptors / {bytes} bytes, \
+                                 the plan (and dump) has {planned_descs} / {planned_bytes}",
+                                layout.name
+                            ));
+                        }
+                    }
+                    match path {
+                        BenchPath::SameHost if same_host == 0 => fail(format!(
+                            "{} {n} {pattern}: the same-host path was requested but not used \
+                             ({tcp} TCP requests, 0 same-host requests)",
+                            layout.name
+                        )),
+                        BenchPath::Tcp if same_host != 0 || tcp == 0 => fail(format!(
+                            "{} {n} {pattern}: TCP was requested but {same_host} same-host and {tcp} TCP requests were made",
+                            layout.name
+                        )),
+                        _ => {}
+                    }
+                    sampled_blocks(layout, &decode, &src, &dst, &samples, true).unwrap_or_else(
+                        |e| {
+                            fail(format!(
+                                "{} {n} {pattern} {}: wrong KV bytes: {e}",
+                                layout.name,
+                                path.as_str()
+                            ))
+                        },
+                    );
+                    // Engine requests per pull, for the table.
+                    let (tcp, same_host) = (tcp / opts.runs as u64, same_host / opts.runs as u64);
+                    times.sort();
+                    let med = times[times.len() / 2];
+                    let ms = med.as_secs_f64() * 1e3;
+                    let row = Row {
+                        layout: layout.name,
+                        tokens: n,
+                        pattern,
+                        path: path.as_str(),
+                        descriptors: descs,
+                        bytes,
+                        ms,
+                        gbps: bytes as f64 / ms / 1e6,
+                    };
+                    if opts.json {
+                        println!("{}", serde_json::to_string(&row).expect("plain struct"));
+                    } else {
+                        println!(
+                            "{n:>7} {pattern:>10} {:>9} {descs:>11} {bytes:>12} {ms:>9.2} {:>8.2} {tcp:>9} {same_host:>10}",
+                            path.as_str(),
+                            row.gbps
+                        );
+                    }
+                }
+            }
+            drop(consumer);
+            drop(child);
+            drop(bootstrap);
+            drop(decode);
         }
     }
 }

@@ -1,10 +1,11 @@
 //! A simulated serving engine around the connector: the model whose KV the
 //! examples move, the prefill/decode engine and its OpenAI-style HTTP API,
-//! and the proxy.
+//! the proxy, and real models' KV-cache layouts for the KV benchmark.
 
 pub mod blocks;
 pub mod cli;
 pub mod engine;
+pub mod kv_layouts;
 pub mod model;
 pub mod proxy;
 pub mod server;
