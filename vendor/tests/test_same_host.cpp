@@ -664,6 +664,16 @@ TEST(cma_copy_many_reports_the_first_bad_piece) {
         pieces[i] = mcrs::CmaPiece{src.data() + i * len, reinterpret_cast<uint64_t>(dst.data() + i * len), len};
     CHECK_EQ(mcrs::cma_copy_many(::getpid(), true, pieces.data(), n, err), n);
     CHECK(dst == src);
+    // Scattered on one side, contiguous on the other (runs merge on the
+    // contiguous side only): piece i goes to slot n-1-i.
+    std::fill(dst.begin(), dst.end(), 0);
+    for (size_t i = 0; i < n; ++i)
+        pieces[i] = mcrs::CmaPiece{dst.data() + (n - 1 - i) * len, reinterpret_cast<uint64_t>(src.data() + i * len), len};
+    pieces[700].remote = reinterpret_cast<uint64_t>(hole);
+    CHECK_EQ(mcrs::cma_copy_many(::getpid(), false, pieces.data(), n, err), 700u);
+    CHECK_EQ(err, EFAULT);
+    for (size_t i = 0; i < 700; ++i) CHECK(std::memcmp(dst.data() + (n - 1 - i) * len, src.data() + i * len, len) == 0);
+    CHECK_EQ(dst[(n - 1 - 700) * len], 0);
     munmap(hole, page);
 }
 

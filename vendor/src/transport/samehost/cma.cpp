@@ -38,18 +38,18 @@ int cma_loop(uint64_t remote, char *local, size_t len, Op op) {
 // owner's own accesses is a request from another process, which it cannot
 // see, so its interceptors would report (and symbolize) every copy.
 #if defined(__SANITIZE_THREAD__)
-ssize_t vm_readv(pid_t pid, const iovec *l, const iovec *r, unsigned long n = 1) {
-    return ::syscall(SYS_process_vm_readv, pid, l, n, r, n, 0UL);
+ssize_t vm_readv(pid_t pid, const iovec *l, unsigned long nl, const iovec *r, unsigned long nr) {
+    return ::syscall(SYS_process_vm_readv, pid, l, nl, r, nr, 0UL);
 }
-ssize_t vm_writev(pid_t pid, const iovec *l, const iovec *r, unsigned long n = 1) {
-    return ::syscall(SYS_process_vm_writev, pid, l, n, r, n, 0UL);
+ssize_t vm_writev(pid_t pid, const iovec *l, unsigned long nl, const iovec *r, unsigned long nr) {
+    return ::syscall(SYS_process_vm_writev, pid, l, nl, r, nr, 0UL);
 }
 #else
-ssize_t vm_readv(pid_t pid, const iovec *l, const iovec *r, unsigned long n = 1) {
-    return ::process_vm_readv(pid, l, n, r, n, 0);
+ssize_t vm_readv(pid_t pid, const iovec *l, unsigned long nl, const iovec *r, unsigned long nr) {
+    return ::process_vm_readv(pid, l, nl, r, nr, 0);
 }
-ssize_t vm_writev(pid_t pid, const iovec *l, const iovec *r, unsigned long n = 1) {
-    return ::process_vm_writev(pid, l, n, r, n, 0);
+ssize_t vm_writev(pid_t pid, const iovec *l, unsigned long nl, const iovec *r, unsigned long nr) {
+    return ::process_vm_writev(pid, l, nl, r, nr, 0);
 }
 #endif
 
@@ -60,12 +60,12 @@ constexpr size_t kMaxIov = 1024;
 
 int cma_read(pid_t pid, uint64_t remote, void *local, size_t len) {
     return cma_loop(remote, static_cast<char *>(local), len,
-                    [pid](iovec *l, iovec *r) { return vm_readv(pid, l, r); });
+                    [pid](iovec *l, iovec *r) { return vm_readv(pid, l, 1, r, 1); });
 }
 
 int cma_write(pid_t pid, uint64_t remote, const void *local, size_t len) {
     return cma_loop(remote, const_cast<char *>(static_cast<const char *>(local)), len,
-                    [pid](iovec *l, iovec *r) { return vm_writev(pid, l, r); });
+                    [pid](iovec *l, iovec *r) { return vm_writev(pid, l, 1, r, 1); });
 }
 
 size_t cma_copy_many(pid_t pid, bool to_remote, const CmaPiece *pieces, size_t n, int &err) {
@@ -75,11 +75,21 @@ size_t cma_copy_many(pid_t pid, bool to_remote, const CmaPiece *pieces, size_t n
     while (i < n) {
         // A run of pieces for one call: at most kMaxIov of them and
         // kMaxChunk bytes. A piece larger than that goes alone, looped.
-        size_t cnt = 0, bytes = 0;
-        while (i + cnt < n && cnt < kMaxIov && pieces[i + cnt].len <= kMaxChunk - bytes) {
+        // Ranges that continue the previous one on their side share its
+        // iovec: the kernel pins a remote iovec's pages in batches, so a
+        // scattered list whose other side is contiguous costs one range.
+        size_t cnt = 0, bytes = 0, nl = 0, nr = 0;
+        while (i + cnt < n && nl < kMaxIov && nr < kMaxIov && pieces[i + cnt].len <= kMaxChunk - bytes) {
             const CmaPiece &p = pieces[i + cnt];
-            l[cnt] = {p.local, p.len};
-            r[cnt] = {reinterpret_cast<void *>(p.remote), p.len};
+            char *lp = static_cast<char *>(p.local);
+            if (nl > 0 && static_cast<char *>(l[nl - 1].iov_base) + l[nl - 1].iov_len == lp)
+                l[nl - 1].iov_len += p.len;
+            else
+                l[nl++] = {lp, p.len};
+            if (nr > 0 && reinterpret_cast<uint64_t>(r[nr - 1].iov_base) + r[nr - 1].iov_len == p.remote)
+                r[nr - 1].iov_len += p.len;
+            else
+                r[nr++] = {reinterpret_cast<void *>(p.remote), p.len};
             bytes += p.len;
             ++cnt;
         }
@@ -93,7 +103,7 @@ size_t cma_copy_many(pid_t pid, bool to_remote, const CmaPiece *pieces, size_t n
             ++i;
             continue;
         }
-        ssize_t got = to_remote ? vm_writev(pid, l, r, cnt) : vm_readv(pid, l, r, cnt);
+        ssize_t got = to_remote ? vm_writev(pid, l, nl, r, nr) : vm_readv(pid, l, nl, r, nr);
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) got = 0;  // nothing moved: the first piece says why below
         // Whole pieces covered by the count are done. The kernel stops at

@@ -1,8 +1,10 @@
 #include "transport/samehost/samehost_client.h"
 
+
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -24,6 +26,10 @@ using Clock = std::chrono::steady_clock;
 // A lane takes at most this many bytes of requests at once (unless the
 // first alone is bigger), so that big transfers spread over the lanes.
 constexpr uint64_t kCoalesceBytes = 4u << 20;
+// A lane's run waits for all its statuses before the next one goes out, so
+// small requests need long runs: at least this many (the target reads as
+// many per pass), within kCoalesceBytes.
+constexpr size_t kMinRunRequests = 256;
 
 std::string describe(const TransferItem &it) {
     std::ostringstream s;
@@ -100,12 +106,14 @@ private:
         std::thread thread;
     };
 
+    size_t run_limit() const { return std::max<size_t>(opt_.pipeline_depth, kMinRunRequests); }
+
     bool pop_run(std::vector<TransferItem> &run) {
         std::unique_lock<std::mutex> lk(mu_);
         cv_.wait(lk, [this] { return stopping_ || !queue_.empty(); });
         if (stopping_) return false;
         uint64_t bytes = 0;
-        while (!queue_.empty() && run.size() < opt_.pipeline_depth) {
+        while (!queue_.empty() && run.size() < run_limit()) {
             uint64_t len = queue_.front().length;
             if (!run.empty() && bytes + len > kCoalesceBytes) break;
             bytes += len;
@@ -169,9 +177,9 @@ private:
 
     void run(Lane &l) {
         std::vector<TransferItem> run;
-        run.reserve(opt_.pipeline_depth);
-        std::vector<unsigned char> req(opt_.pipeline_depth * kSameHostRequestLen);
-        std::vector<unsigned char> st(opt_.pipeline_depth * kSameHostStatusLen);
+        run.reserve(run_limit());
+        std::vector<unsigned char> req(run_limit() * kSameHostRequestLen);
+        std::vector<unsigned char> st(run_limit() * kSameHostStatusLen);
         for (;;) {
             run.clear();
             if (!pop_run(run)) break;
