@@ -1,7 +1,14 @@
 //! GPU memory through the safe API. Without a GPU these check the clean
 //! failures; the GPU lane runs with MOONCAKE_GPU_TESTS=1 and then fails for
 //! real when no GPU is usable.
+//!
+//! Whether a test applies is known only at run time (is a GPU usable? is the
+//! lane on?), so this file has its own `main` (libtest-mimic): a test that
+//! does not apply here is reported as *ignored* with the reason, never as
+//! passed.
 mod common;
+
+use libtest_mimic::{Arguments, Trial};
 
 use mooncake::gpu::{self, DeviceBuffer};
 use mooncake::{Access, HostBuffer, LocalMemory};
@@ -18,10 +25,11 @@ fn random(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn gpu_lane(test: &str) -> bool {
+/// Why a GPU-lane test does not run here, or `None` when it runs. With
+/// MOONCAKE_GPU_TESTS=1 an unusable GPU is a failure, not a skip.
+fn gpu_lane_off() -> Option<String> {
     if std::env::var("MOONCAKE_GPU_TESTS").as_deref() != Ok("1") {
-        eprintln!("SKIPPED {test}: set MOONCAKE_GPU_TESTS=1 on a machine with a GPU");
-        return false;
+        return Some("GPU lane off: set MOONCAKE_GPU_TESTS=1 on a machine with a GPU".into());
     }
     let info = gpu::info();
     assert!(
@@ -29,12 +37,64 @@ fn gpu_lane(test: &str) -> bool {
         "MOONCAKE_GPU_TESTS=1 but the GPU is not usable: {:?}",
         info.reason
     );
-    true
+    None
+}
+
+/// Why the no-GPU checks do not run here (a usable GPU), or `None`.
+fn gpu_usable() -> Option<String> {
+    gpu::info()
+        .usable
+        .then(|| "a GPU is usable here; the GPU lane covers it".to_string())
+}
+
+/// A test that runs only when `skip` is `None`; otherwise it is listed as
+/// ignored, and the reason goes to stderr so the log names it.
+fn trial(name: &'static str, skip: Option<String>, f: fn()) -> Trial {
+    match skip {
+        None => Trial::test(name, move || {
+            f();
+            Ok(())
+        }),
+        Some(why) => {
+            eprintln!("skipped {name}: {why}");
+            Trial::test(name, || Ok(())).with_ignored_flag(true)
+        }
+    }
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let lane = gpu_lane_off();
+    #[allow(unused_mut)]
+    let mut tests = vec![
+        trial("build_major_is_published", None, build_major_is_published),
+        trial(
+            "gpu_calls_fail_cleanly_without_a_gpu",
+            gpu_usable(),
+            gpu_calls_fail_cleanly_without_a_gpu,
+        ),
+        trial(
+            "device_buffers_over_tcp_and_locally",
+            lane.clone(),
+            device_buffers_over_tcp_and_locally,
+        ),
+        trial(
+            "dmabuf_export_of_registered_gpu_memory",
+            lane.clone(),
+            dmabuf_export_of_registered_gpu_memory,
+        ),
+    ];
+    #[cfg(any(feature = "cuda12", feature = "cuda13"))]
+    tests.push(trial(
+        "cudarc_slices_owned_and_borrowed",
+        lane.clone(),
+        cudarc_slices_owned_and_borrowed,
+    ));
+    libtest_mimic::run(&args, tests).exit();
 }
 
 const SIZES: [usize; 5] = [4096, 65_549, (1 << 20) + 7, 16 << 20, 64 << 20];
 
-#[test]
 fn build_major_is_published() {
     #[cfg(mooncake_cuda_major = "12")]
     assert_eq!(gpu::CUDA_MAJOR, Some(12));
@@ -45,13 +105,8 @@ fn build_major_is_published() {
     assert_eq!(gpu::info().build_cuda_major, gpu::CUDA_MAJOR);
 }
 
-#[test]
 fn gpu_calls_fail_cleanly_without_a_gpu() {
     let info = gpu::info();
-    if info.usable {
-        eprintln!("SKIPPED gpu_calls_fail_cleanly_without_a_gpu: a GPU is usable here");
-        return;
-    }
     let reason = info.reason.clone().expect("a reason");
     match gpu::CUDA_MAJOR {
         None => assert!(reason.contains("without CUDA"), "{reason}"),
@@ -74,11 +129,7 @@ fn gpu_calls_fail_cleanly_without_a_gpu() {
     assert_eq!(reg.device(), None);
 }
 
-#[test]
 fn device_buffers_over_tcp_and_locally() {
-    if !gpu_lane("device_buffers_over_tcp_and_locally") {
-        return;
-    }
     let max = 64 << 20;
     let target = common::engine();
     let init = common::engine();
@@ -148,11 +199,7 @@ fn device_buffers_over_tcp_and_locally() {
     assert!(host.to_vec() == w);
 }
 
-#[test]
 fn dmabuf_export_of_registered_gpu_memory() {
-    if !gpu_lane("dmabuf_export_of_registered_gpu_memory") {
-        return;
-    }
     let e = common::engine();
     let reg = e
         .register(
@@ -175,12 +222,8 @@ fn dmabuf_export_of_registered_gpu_memory() {
 }
 
 #[cfg(any(feature = "cuda12", feature = "cuda13"))]
-#[test]
 fn cudarc_slices_owned_and_borrowed() {
     use cudarc::driver::CudaContext;
-    if !gpu_lane("cudarc_slices_owned_and_borrowed") {
-        return;
-    }
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.new_stream().unwrap();
     let target = common::engine();

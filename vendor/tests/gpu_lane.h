@@ -25,7 +25,8 @@ inline mc_gpu_info_t gpu_info(std::string *reason = nullptr) {
 inline bool gpu_lane(const char *test) {
     const char *want = std::getenv("MOONCAKE_GPU_TESTS");
     if (!want || std::string(want) != "1") {
-        std::fprintf(stderr, "    SKIPPED %s: set MOONCAKE_GPU_TESTS=1 on a machine with a GPU\n", test);
+        (void)test;
+        mctest::record_skip("GPU lane off: set MOONCAKE_GPU_TESTS=1 on a machine with a GPU");
         return false;
     }
     std::string why;
@@ -44,7 +45,7 @@ inline bool gpu_pair_lane(const char *test) {
     if (want && std::string(want) == "1")
         mctest::record_failure(__FILE__, __LINE__, "MOONCAKE_GPU2_TESTS=1 but " + std::to_string(n) + " GPU(s) visible");
     else
-        std::fprintf(stderr, "    SKIPPED %s: needs 2 GPUs, %d visible\n", test, n);
+        mctest::record_skip("needs 2 GPUs, " + std::to_string(n) + " visible");
     return false;
 }
 

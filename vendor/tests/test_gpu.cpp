@@ -52,7 +52,7 @@ TEST(gpu_calls_fail_cleanly_without_a_gpu) {
     std::string why;
     mc_gpu_info_t info = gpu_info(&why);
     if (info.usable) {
-        std::fprintf(stderr, "    SKIPPED: a GPU is usable here; the GPU lane covers it\n");
+        mctest::record_skip("a GPU is usable here; the GPU lane covers it");
         return;
     }
     CHECK(!why.empty());

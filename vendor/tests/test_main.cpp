@@ -1,5 +1,7 @@
 #include <cstring>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -12,6 +14,13 @@ std::vector<Case> &registry() {
 
 namespace {
 int g_failures = 0;
+std::string g_skip_reason;  // set by record_skip for the running test
+bool g_skipped = false;
+}  // namespace
+
+void record_skip(const std::string &why) {
+    g_skipped = true;
+    g_skip_reason = why;
 }
 
 void record_failure(const char *file, int line, const std::string &what) {
@@ -29,6 +38,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && std::strcmp(argv[1], "--same-host-peer") == 0) return same_host_peer_main(argc, argv);
     const char *filter = argc > 1 ? argv[1] : nullptr;
     int failed_cases = 0, ran = 0;
+    std::vector<std::string> skipped;
     for (const auto &c : mctest::registry()) {
         // A filter matches anywhere in the name; "^name" matches a prefix.
         if (filter && (filter[0] == '^' ? std::strncmp(c.name, filter + 1, std::strlen(filter + 1)) != 0
@@ -36,6 +46,7 @@ int main(int argc, char **argv) {
             continue;
         ++ran;
         int before = mctest::g_failures;
+        mctest::g_skipped = false;
         std::fprintf(stderr, "[ RUN  ] %s\n", c.name);
         try {
             c.fn();
@@ -44,9 +55,18 @@ int main(int argc, char **argv) {
             mctest::record_failure(__FILE__, __LINE__, std::string("exception: ") + e.what());
         }
         bool ok = mctest::g_failures == before;
-        if (!ok) ++failed_cases;
-        std::fprintf(stderr, "[ %s ] %s\n", ok ? " OK " : "FAIL", c.name);
+        if (!ok) {
+            ++failed_cases;
+            std::fprintf(stderr, "[ FAIL ] %s\n", c.name);
+        } else if (mctest::g_skipped) {
+            skipped.push_back(c.name);
+            std::fprintf(stderr, "[ SKIP ] %s: %s\n", c.name, mctest::g_skip_reason.c_str());
+        } else {
+            std::fprintf(stderr, "[  OK  ] %s\n", c.name);
+        }
     }
-    std::fprintf(stderr, "%d test(s), %d failed\n", ran, failed_cases);
+    std::fprintf(stderr, "%d test(s): %d passed, %zu skipped, %d failed\n", ran,
+                 ran - failed_cases - static_cast<int>(skipped.size()), skipped.size(), failed_cases);
+    for (const auto &name : skipped) std::fprintf(stderr, "  skipped: %s\n", name.c_str());
     return failed_cases == 0 ? 0 : 1;
 }

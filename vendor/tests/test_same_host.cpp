@@ -360,7 +360,7 @@ TEST(same_host_two_engines_of_one_process_are_refused_and_use_tcp) {
 
 TEST(same_host_other_uid_is_refused_at_accept) {
     if (::geteuid() != 0) {
-        std::fprintf(stderr, "    SKIPPED: needs root to run a client under another uid (setuid 65534)\n");
+        mctest::record_skip("needs root to run a client under another uid (setuid 65534)");
         return;
     }
     transfer_engine_t t = make_engine(same_host());
