@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 #include "common/json.h"
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 #include "fuzz_check.h"
 
 using namespace mcrs;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "core/config.h"
 #include "engine/transfer_engine.h"
 #include "softverbs_fixture.h"
 
@@ -55,7 +55,7 @@ inline EngineConfig rdma_cfg(std::vector<std::string> allow, uint32_t protocols 
 inline int run_one(TransferEngine &e, int32_t seg, int opcode, void *local, uint64_t remote, uint64_t len,
                    std::string *why = nullptr) {
     uint64_t b = e.allocate_batch(1);
-    transfer_request r{};
+    mcrs::Request r{};
     r.opcode = opcode;
     r.source = local;
     r.target_id = seg;

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "core/config.h"
 #include "engine/transfer_engine.h"
 #include "engine_fixture.h"
 #include "gpu/gpu.h"

@@ -6,7 +6,7 @@
 // enforces access flags as verbs hardware does (sv_exec.cpp).
 #include <cstring>
 
-#include "engine/batch.h"
+#include "core/batch.h"
 #include "engine_fixture.h"
 #include "transfer_engine_c.h"
 #include "rdma_engine_fixture.h"

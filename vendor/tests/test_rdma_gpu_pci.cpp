@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "common/host_port.h"
-#include "engine/batch.h"
-#include "engine/segment_descriptor.h"
+#include "core/batch.h"
+#include "core/segment_descriptor.h"
 #include "engine_fixture.h"
 #include "gpu/gpu.h"
 #include "handshake/frame.h"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/socket.h"
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 #include "engine_fixture.h"
 #include "handshake/frame.h"
 #include "handshake/handshake_server.h"

@@ -1,5 +1,5 @@
 #include "common/error.h"
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 #include "test_util.h"
 #include "transport/rdma/nic_filter.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 #include "engine_fixture.h"
 #include "rdma_engine_fixture.h"
 #include "transport/rdma/gid.h"

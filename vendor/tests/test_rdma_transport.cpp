@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 #include "engine_fixture.h"
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 #include "engine/transfer_engine.h"
 #include "mooncake_ext.h"
 #include "rdma_engine_fixture.h"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/memory_registry.h"
+#include "core/memory_registry.h"
 #include "test_util.h"
 
 using namespace mcrs;

@@ -20,7 +20,7 @@
 
 #include "common/error.h"
 #include "common/host_port.h"
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 #include "engine_fixture.h"
 #include "handshake/frame.h"
 #include "handshake/handshake_client.h"

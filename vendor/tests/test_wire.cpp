@@ -4,7 +4,7 @@
 
 #include "common/error.h"
 #include "common/host_port.h"
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 #include "handshake/frame.h"
 #include "test_util.h"
 #include "transport/tcp/tcp_wire.h"

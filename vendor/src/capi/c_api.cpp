@@ -8,11 +8,31 @@
 #include "capi/api_guard.h"
 #include "common/env.h"
 #include "common/host_port.h"
+#include "core/request.h"
 #include "transfer_engine_c.h"
 
 using namespace mcrs;
 
+static_assert(OPCODE_READ == kOpRead && OPCODE_WRITE == kOpWrite && LOCAL_SEGMENT == kLocalSegment,
+              "the public constants and the engine's agree");
+
 namespace {
+
+// The public requests as the engine's own type, in a per-thread buffer (no
+// allocation once warm). Null stays null: the engine names that error. A
+// count the batch has no room for is refused before anything is read.
+const Request *engine_requests(TransferEngine *e, batch_id_t batch_id, const transfer_request *entries,
+                               size_t count) {
+    if (!entries || count == 0) return nullptr;  // submit reads nothing then
+    e->check_room(batch_id, count);
+    thread_local std::vector<Request> out;
+    out.resize(count);
+    for (size_t i = 0; i < count; ++i)
+        out[i] = Request{entries[i].opcode, entries[i].source, entries[i].target_id, entries[i].target_offset,
+                         entries[i].length};
+    return out.data();
+}
+
 // installTransport returns an opaque, stable, non-null token per protocol.
 char g_tcp_transport_token;
 char g_rdma_transport_token;
@@ -196,7 +216,8 @@ batch_id_t allocateBatchID(transfer_engine_t engine, size_t batch_size) {
 int submitTransfer(transfer_engine_t engine, batch_id_t batch_id, struct transfer_request *entries,
                    size_t count) {
     return guard_status("submitTransfer", [&] {
-        engine_of(engine, "submitTransfer")->submit(batch_id, entries, count, nullptr);
+        TransferEngine *e = engine_of(engine, "submitTransfer");
+        e->submit(batch_id, engine_requests(e, batch_id, entries, count), count, nullptr);
         return 0;
     });
 }
@@ -212,7 +233,7 @@ int submitTransferWithNotify(transfer_engine_t engine, batch_id_t batch_id,
         n.segment_id = entries[0].target_id;
         n.name = str_or(notify_msg.name, "");
         n.msg = str_or(notify_msg.msg, "");
-        e->submit(batch_id, entries, count, &n);
+        e->submit(batch_id, engine_requests(e, batch_id, entries, count), count, &n);
         return 0;
     });
 }

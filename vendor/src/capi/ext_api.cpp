@@ -6,10 +6,9 @@
 #include <vector>
 
 #include "capi/api_guard.h"
-#include "engine/config.h"
+#include "core/config.h"
 #include "gpu/gpu.h"
 #include "mooncake_ext.h"
-#include "transport/rdma/rdma_transport.h"
 
 using namespace mcrs;
 
@@ -150,31 +149,14 @@ int mc_engine_segment_name(transfer_engine_t engine, char *buf, size_t len, size
 
 int mc_engine_rdma_topology(transfer_engine_t engine, char *buf, size_t len, size_t *needed) {
     return guard_errcode("mc_engine_rdma_topology", [&] {
-        auto *t = engine_of(engine, "mc_engine_rdma_topology")->rdma();
-        if (!t) throw Error(kErrInvalidArgument, "the RDMA transport is not installed on this engine");
-        copy_out(t->topology_json().dump(), buf, len, needed);
+        copy_out(engine_of(engine, "mc_engine_rdma_topology")->rdma_topology().dump(), buf, len, needed);
         return 0;
     });
 }
 
 int mc_engine_rdma_counters(transfer_engine_t engine, char *buf, size_t len, size_t *needed) {
     return guard_errcode("mc_engine_rdma_counters", [&] {
-        auto *t = engine_of(engine, "mc_engine_rdma_counters")->rdma();
-        if (!t) throw Error(kErrInvalidArgument, "the RDMA transport is not installed on this engine");
-        Json a = Json::array();
-        for (const auto &c : t->counters()) {
-            Json o = Json::object();
-            o.set("name", c.name);
-            o.set("link_layer", c.link_layer);
-            o.set("numa_node", static_cast<int64_t>(c.numa_node));
-            o.set("usable", c.usable);
-            o.set("work_requests", c.wrs);
-            o.set("bytes", c.bytes);
-            o.set("errors", c.errors);
-            o.set("retries", c.retries);
-            a.push(o);
-        }
-        copy_out(a.dump(), buf, len, needed);
+        copy_out(engine_of(engine, "mc_engine_rdma_counters")->rdma_counters().dump(), buf, len, needed);
         return 0;
     });
 }

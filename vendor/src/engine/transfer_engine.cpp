@@ -16,7 +16,6 @@
 #include "handshake/frame.h"
 #include "handshake/handshake_client.h"
 #include "handshake/handshake_server.h"
-#include "transfer_engine_c.h"
 #include "gpu/gpu.h"
 #include "transport/ipc/ipc_transport.h"
 #include "transport/rdma/rdma_transport.h"
@@ -226,6 +225,31 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
     tcp_installed_.store(true);
 }
 
+rdma::RdmaTransport &TransferEngine::rdma_or_throw() const {
+    auto *t = rdma();
+    if (!t) throw Error(kErrInvalidArgument, "the RDMA transport is not installed on this engine");
+    return *t;
+}
+
+Json TransferEngine::rdma_topology() const { return rdma_or_throw().topology_json(); }
+
+Json TransferEngine::rdma_counters() const {
+    Json a = Json::array();
+    for (const auto &c : rdma_or_throw().counters()) {
+        Json o = Json::object();
+        o.set("name", c.name);
+        o.set("link_layer", c.link_layer);
+        o.set("numa_node", static_cast<int64_t>(c.numa_node));
+        o.set("usable", c.usable);
+        o.set("work_requests", c.wrs);
+        o.set("bytes", c.bytes);
+        o.set("errors", c.errors);
+        o.set("retries", c.retries);
+        a.push(o);
+    }
+    return a;
+}
+
 TransferEngine::Counters TransferEngine::counters() const {
     Counters c{};
     if (tcp_client_) c.tcp_sent = tcp_client_->requests_submitted();
@@ -427,7 +451,7 @@ int32_t TransferEngine::open_segment(const std::string &raw, bool no_cache) {
 }
 
 void TransferEngine::close_segment(int32_t id) {
-    if (id != LOCAL_SEGMENT && !segments_.known(id))
+    if (id != kLocalSegment && !segments_.known(id))
         throw Error(kErrInvalidArgument, "unknown segment id " + std::to_string(id));
 }
 
@@ -443,7 +467,7 @@ std::pair<int, std::string> TransferEngine::sync_segment_cache() {
 }
 
 std::shared_ptr<const SegmentDesc> TransferEngine::segment_desc(int32_t id) const {
-    if (id == LOCAL_SEGMENT) return std::make_shared<const SegmentDesc>(local_descriptor());
+    if (id == kLocalSegment) return std::make_shared<const SegmentDesc>(local_descriptor());
     return segments_.get(id);
 }
 
@@ -470,7 +494,19 @@ std::shared_ptr<Batch> TransferEngine::batch_or_throw(uint64_t id) const {
     return b;
 }
 
-void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, size_t n,
+static StatusError too_many_requests(const Batch &batch, size_t n) {
+    return StatusError(kStatusTooManyRequests, "batch " + std::to_string(batch.id()) + " holds " +
+                                                   std::to_string(batch.submitted()) + " of " +
+                                                   std::to_string(batch.capacity()) + " tasks; " +
+                                                   std::to_string(n) + " more do not fit");
+}
+
+void TransferEngine::check_room(uint64_t batch_id, size_t n) const {
+    auto batch = batch_or_throw(batch_id);
+    if (n > batch->capacity() - batch->submitted()) throw too_many_requests(*batch, n);
+}
+
+void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
                             const PendingNotify *notify) {
     auto batch = batch_or_throw(batch_id);
     if (n == 0) {
@@ -478,13 +514,7 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
         return;
     }
     if (!reqs) throw StatusError(kStatusInvalidArgument, "request array is null");
-    auto too_many = [&]() {
-        return StatusError(kStatusTooManyRequests,
-                           "batch " + std::to_string(batch_id) + " holds " +
-                               std::to_string(batch->submitted()) + " of " +
-                               std::to_string(batch->capacity()) + " tasks; " + std::to_string(n) +
-                               " more do not fit");
-    };
+    auto too_many = [&]() { return too_many_requests(*batch, n); };
     if (n > batch->capacity() - batch->submitted()) throw too_many();
 
     // Per-thread scratch, so that a submit allocates nothing once warm. It
@@ -510,8 +540,8 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
     auto where = [](size_t i) { return "request " + std::to_string(i) + ": "; };
     bool one_target = true;
     for (size_t i = 0; i < n; ++i) {
-        const transfer_request &r = reqs[i];
-        if (r.opcode != OPCODE_READ && r.opcode != OPCODE_WRITE)
+        const Request &r = reqs[i];
+        if (r.opcode != kOpRead && r.opcode != kOpWrite)
             throw StatusError(kStatusInvalidArgument,
                               where(i) + "opcode " + std::to_string(r.opcode) + " is neither READ nor WRITE");
         if (r.length == 0) throw StatusError(kStatusInvalidArgument, where(i) + "length is zero");
@@ -521,7 +551,7 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
             throw StatusError(kStatusInvalidArgument,
                               where(i) + "range of " + std::to_string(r.length) + " bytes wraps around");
         if (i > 0 && r.target_id != reqs[0].target_id) one_target = false;
-        bool known = r.target_id == LOCAL_SEGMENT;
+        bool known = r.target_id == kLocalSegment;
         for (const auto &kv : descs) known = known || kv.first == r.target_id;
         if (!known) {
             auto d = segments_.get(r.target_id);
@@ -587,7 +617,7 @@ void TransferEngine::submit(uint64_t batch_id, const transfer_request *reqs, siz
 void TransferEngine::dispatch(
     int32_t target, std::vector<TransferItem> &items,
     const std::vector<std::pair<int32_t, std::shared_ptr<const SegmentDesc>>> &descs) {
-    if (target == LOCAL_SEGMENT) {
+    if (target == kLocalSegment) {
         run_local(items);
         return;
     }
@@ -657,18 +687,18 @@ void TransferEngine::send_tcp(const SegmentDesc &d, std::vector<TransferItem> &i
 }
 
 void TransferEngine::run_local(std::vector<TransferItem> &items) {
-    // LOCAL_SEGMENT: the target is our own memory; same rule as for peers.
+    // kLocalSegment: the target is our own memory; same rule as for peers.
     for (auto &it : items) {
         RegionPin target = registry_.pin(it.remote_addr, it.length, /*need_remote=*/true);
         if (!target) {
-            it.fail("local-segment " + std::string(it.opcode == OPCODE_WRITE ? "WRITE" : "READ") +
+            it.fail("local-segment " + std::string(it.opcode == kOpWrite ? "WRITE" : "READ") +
                     " of " + std::to_string(it.length) + " bytes at " + hex(it.remote_addr) +
                     ": not inside one registered remote-accessible buffer");
             continue;
         }
         char *t = reinterpret_cast<char *>(it.remote_addr);
-        char *dst = it.opcode == OPCODE_WRITE ? t : it.local;
-        const char *src = it.opcode == OPCODE_WRITE ? it.local : t;
+        char *dst = it.opcode == kOpWrite ? t : it.local;
+        const char *src = it.opcode == kOpWrite ? it.local : t;
         bool device = target.region()->device >= 0 || (it.local_pin && it.local_pin.region()->device >= 0);
         if (device) {
             // Any direction between host and GPU memory, by the copy engines;
@@ -676,7 +706,7 @@ void TransferEngine::run_local(std::vector<TransferItem> &items) {
             int target_device = target.region()->device;
             int local_device = it.local_device();
             try {
-                if (it.opcode == OPCODE_WRITE) gpu::copy_between(dst, target_device, src, local_device, it.length);
+                if (it.opcode == kOpWrite) gpu::copy_between(dst, target_device, src, local_device, it.length);
                 else gpu::copy_between(dst, local_device, src, target_device, it.length);
             } catch (const Error &e) {
                 it.fail(std::string("local-segment GPU copy failed: ") + e.what());
@@ -773,7 +803,7 @@ std::vector<Notification> TransferEngine::drain_notifications() { return notifie
 void TransferEngine::send_notify(int32_t segment_id, const std::string &name,
                                  const std::string &msg) {
     std::string target_name;
-    if (segment_id == LOCAL_SEGMENT) {
+    if (segment_id == kLocalSegment) {
         target_name = segment_name_;
     } else {
         auto d = segments_.get(segment_id);

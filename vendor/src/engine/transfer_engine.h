@@ -10,14 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "engine/batch.h"
-#include "engine/config.h"
-#include "engine/memory_registry.h"
+#include "common/json.h"
 #include "common/peer_filter.h"
-#include "engine/notify_queue.h"
-#include "engine/segment_cache.h"
+#include "core/batch.h"
+#include "core/config.h"
+#include "core/memory_registry.h"
+#include "core/notify_queue.h"
+#include "core/request.h"
+#include "core/segment_cache.h"
 
-struct transfer_request;  // from transfer_engine_c.h
 
 namespace mcrs {
 
@@ -55,6 +56,10 @@ public:
     bool has_rdma() const { return rdma_installed_.load(); }
     // The RDMA transport, or null when not installed.
     rdma::RdmaTransport *rdma() const { return rdma_installed_.load() ? rdma_.get() : nullptr; }
+    // The RDMA transport's topology and per-NIC counters as JSON; throw
+    // kErrInvalidArgument when it is not installed.
+    Json rdma_topology() const;
+    Json rdma_counters() const;
 
     // Memory.
     void register_memory(void *addr, size_t len, const std::string &location, bool remote);
@@ -81,7 +86,10 @@ public:
 
     // Batches. Submit/status/free throw StatusError with upstream's codes.
     uint64_t allocate_batch(size_t capacity);
-    void submit(uint64_t batch_id, const transfer_request *reqs, size_t n,
+    // Throws kStatusTooManyRequests when `n` more requests do not fit in
+    // the batch (what submit would say), before a caller translates them.
+    void check_room(uint64_t batch_id, size_t n) const;
+    void submit(uint64_t batch_id, const Request *reqs, size_t n,
                 const PendingNotify *notify);
     int task_status(uint64_t batch_id, size_t task, uint64_t *bytes);
     std::string task_error(uint64_t batch_id, size_t task);
@@ -125,6 +133,7 @@ private:
     void describe_region(RegionInfo &r) const;
     SegmentDesc fetch_descriptor(const std::string &name);
     std::shared_ptr<Batch> batch_or_throw(uint64_t id) const;
+    rdma::RdmaTransport &rdma_or_throw() const;
     void maybe_send_batch_notify(Batch &b);
     void run_local(std::vector<struct TransferItem> &items);
     void send_tcp(const SegmentDesc &d, std::vector<struct TransferItem> &items);

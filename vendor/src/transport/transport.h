@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/batch.h"
-#include "engine/memory_registry.h"
+#include "core/batch.h"
+#include "core/memory_registry.h"
 
 namespace mcrs {
 

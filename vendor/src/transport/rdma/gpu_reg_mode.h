@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/config.h"
+#include "core/config.h"
 
 namespace mcrs::rdma {
 
@@ -20,7 +20,7 @@ struct PeermemSetting {
 // WITH_NVIDIA_PEERMEM's rule (upstream Environ): unset -> true; 1/0,
 // true/false, yes/no, on/off, enable/disable, case-insensitive and trimmed;
 // anything else keeps the default true and yields a warning. The same
-// parse_bool that resolve_gpu_registration_mode (engine/config.cpp) uses
+// parse_bool that resolve_gpu_registration_mode (core/config.cpp) uses
 // through env_bool, so FromEnv resolves identically in both places.
 PeermemSetting parse_with_nvidia_peermem(const std::optional<std::string> &raw);
 PeermemSetting with_nvidia_peermem_from_env();  // logs the warning

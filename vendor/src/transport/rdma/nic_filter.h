@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 #include "transport/rdma/link_layer.h"
 
 namespace mcrs::rdma {

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "common/json.h"
-#include "engine/config.h"
-#include "engine/segment_descriptor.h"
+#include "core/config.h"
+#include "core/segment_descriptor.h"
 #include "transport/rdma/link_layer.h"
 #include "transport/rdma/rail_monitor.h"
 #include "transport/rdma/rdma_env.h"

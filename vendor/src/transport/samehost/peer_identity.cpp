@@ -70,16 +70,6 @@ std::string make_samehost_socket_name() {
     return s;
 }
 
-bool valid_samehost_socket_name(const std::string &name) {
-    if (name.empty() || name.size() > 64) return false;
-    for (char c : name) {
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '.' || c == '_' || c == '-';
-        if (!ok) return false;
-    }
-    return true;
-}
-
 Fd listen_samehost(int backlog, std::string &name_out, std::string &err) {
     for (int attempt = 0; attempt < 8; ++attempt) {
         std::string name = make_samehost_socket_name();

@@ -41,14 +41,12 @@
 #include <string>
 
 #include "common/socket.h"
+#include "core/segment_descriptor.h"  // valid_samehost_socket_name
 
 namespace mcrs {
 
 // A fresh random socket name; empty if no randomness is available.
 std::string make_samehost_socket_name();
-// True when `name` is a well-formed same-host socket name (what a peer's
-// descriptor may name): printable [A-Za-z0-9._-], 1..64 characters.
-bool valid_samehost_socket_name(const std::string &name);
 
 // Binds and listens on a fresh abstract name (retrying on EADDRINUSE).
 // The listener is non-blocking. Invalid Fd and `err` on failure.

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 #include "transport/transport.h"
 
 namespace mcrs {

@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "common/socket.h"
-#include "engine/memory_registry.h"
+#include "core/memory_registry.h"
 
 namespace mcrs {
 

@@ -35,7 +35,7 @@
 
 #include "common/peer_filter.h"
 #include "common/socket.h"
-#include "engine/memory_registry.h"
+#include "core/memory_registry.h"
 
 namespace mcrs {
 

@@ -1,4 +1,4 @@
-#include "engine/memory_registry.h"
+#include "core/memory_registry.h"
 
 #include <sys/mman.h>
 #include <sys/syscall.h>

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 
 namespace mcrs {
 

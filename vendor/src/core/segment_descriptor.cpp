@@ -1,4 +1,4 @@
-#include "engine/segment_descriptor.h"
+#include "core/segment_descriptor.h"
 
 #include <sys/time.h>
 
@@ -9,7 +9,6 @@
 
 #include "common/error.h"
 #include "common/range.h"
-#include "transport/samehost/peer_identity.h"
 
 namespace mcrs {
 
@@ -216,6 +215,16 @@ bool SegmentDesc::in_host_buffer(uint64_t addr, uint64_t len) const {
     if (it == host_ranges.begin()) return false;
     --it;
     return range_within(addr, len, it->first, it->second - it->first);
+}
+
+bool valid_samehost_socket_name(const std::string &name) {
+    if (name.empty() || name.size() > 64) return false;
+    for (char c : name) {
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == '-';
+        if (!ok) return false;
+    }
+    return true;
 }
 
 }  // namespace mcrs

@@ -1,4 +1,4 @@
-#include "engine/notify_queue.h"
+#include "core/notify_queue.h"
 
 namespace mcrs {
 

@@ -64,6 +64,10 @@ Json encode_segment_desc(const SegmentDesc &d);
 // Throws Error(kErrMetadata) naming the offending field.
 SegmentDesc decode_segment_desc(const Json &j);
 
+// True when `name` is a well-formed same-host socket name, the only form
+// `mc_same_host` may take: printable [A-Za-z0-9._-], 1..64 characters.
+bool valid_samehost_socket_name(const std::string &name);
+
 // Local time "YYYY-MM-DD HH:MM:SS.uuuuuu", as upstream writes `timestamp`.
 std::string descriptor_timestamp();
 

@@ -1,4 +1,4 @@
-#include "engine/config.h"
+#include "core/config.h"
 
 #include "common/env.h"
 #include "common/error.h"

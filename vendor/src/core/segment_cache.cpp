@@ -1,4 +1,4 @@
-#include "engine/segment_cache.h"
+#include "core/segment_cache.h"
 
 #include "common/error.h"
 #include "common/log.h"
