@@ -521,7 +521,7 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
     // is emptied on every exit: items hold pins on local memory.
     thread_local std::vector<TransferItem> items;
     thread_local std::vector<TransferItem> group;
-    thread_local std::vector<std::pair<int32_t, std::shared_ptr<const SegmentDesc>>> descs;
+    thread_local std::vector<Target> descs;
     struct Scrub {
         ~Scrub() {
             items.clear();
@@ -552,25 +552,15 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
                               where(i) + "range of " + std::to_string(r.length) + " bytes wraps around");
         if (i > 0 && r.target_id != reqs[0].target_id) one_target = false;
         bool known = r.target_id == kLocalSegment;
-        for (const auto &kv : descs) known = known || kv.first == r.target_id;
+        for (const auto &t : descs) known = known || t.id == r.target_id;
         if (!known) {
             auto d = segments_.get(r.target_id);
             if (!d)
                 throw StatusError(kStatusInvalidArgument,
                                   where(i) + "unknown segment id " + std::to_string(r.target_id) +
                                       " (open the segment first)");
-            bool via_rdma = d->protocol == "rdma" && rdma() != nullptr;
-            if (!via_rdma && d->protocol != "tcp" && !(d->protocol == "rdma" && d->tcp_data_port != 0))
-                throw StatusError(kStatusNotSupportedTransport,
-                                  where(i) + "segment '" + d->name + "' uses protocol '" + d->protocol +
-                                      "', which this engine has not installed");
-            if (!via_rdma && !tcp_installed_.load())
-                throw StatusError(kStatusNotSupportedTransport,
-                                  where(i) + "the TCP transport is not installed");
-            if (!via_rdma && d->tcp_data_port == 0)
-                throw StatusError(kStatusInvalidArgument,
-                                  where(i) + "segment '" + d->name + "' advertises no TCP data port");
-            descs.emplace_back(r.target_id, std::move(d));
+            PeerRoutes routes = peer_routes(*d, where(i));
+            descs.push_back(Target{r.target_id, std::move(d), routes});
         }
         RegionPin pin = registry_.pin(src, r.length, /*need_remote=*/false);
         if (!pin)
@@ -614,68 +604,79 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
     }
 }
 
-void TransferEngine::dispatch(
-    int32_t target, std::vector<TransferItem> &items,
-    const std::vector<std::pair<int32_t, std::shared_ptr<const SegmentDesc>>> &descs) {
+PeerRoutes TransferEngine::peer_routes(const SegmentDesc &d, const std::string &where) const {
+    PeerRoutes r;
+    r.rdma = d.protocol == "rdma" && rdma() != nullptr;
+    if (r.rdma) return r;
+    // Not RDMA: the peer must be reachable over TCP (an RDMA peer counts
+    // when it also publishes a TCP data port).
+    if (d.protocol != "tcp" && !(d.protocol == "rdma" && d.tcp_data_port != 0))
+        throw StatusError(kStatusNotSupportedTransport, where + "segment '" + d.name + "' uses protocol '" +
+                                                            d.protocol + "', which this engine has not installed");
+    if (!tcp_installed_.load())
+        throw StatusError(kStatusNotSupportedTransport, where + "the TCP transport is not installed");
+    if (d.tcp_data_port == 0)
+        throw StatusError(kStatusInvalidArgument, where + "segment '" + d.name + "' advertises no TCP data port");
+    bool this_host = !d.host_id.empty() && d.host_id == host_id_;
+    r.cuda_ipc = ipc_ && this_host && d.process_token != process_token();
+    // The owner offers the same-host transport and runs on this boot of this
+    // host; its kernel-attested accept decides the rest.
+    r.same_host = same_host_client_ && this_host && !d.same_host_socket.empty();
+    return r;
+}
+
+Route TransferEngine::route_of(const PeerRoutes &p, const SegmentDesc &d, const TransferItem &it,
+                               IpcTarget *ipc) const {
+    if (p.rdma) return Route::Rdma;
+    if (p.cuda_ipc) {
+        for (const auto &b : d.buffers) {
+            if (b.cuda_ipc.empty() || !range_within(it.remote_addr, it.length, b.addr, b.length)) continue;
+            if (!ipc_->usable(b.cuda_ipc)) break;
+            *ipc = IpcTarget{b.cuda_ipc, b.addr, b.length, b.cuda_ipc_offset, b.cuda_device};
+            return Route::CudaIpc;
+        }
+    }
+    // Only host memory, and only ranges inside the host buffers the owner
+    // published: anything else goes over TCP, where the owner rejects what
+    // it must.
+    if (p.same_host && it.local_device() < 0 && d.in_host_buffer(it.remote_addr, it.length))
+        return Route::SameHost;
+    return Route::Tcp;
+}
+
+void TransferEngine::dispatch(int32_t target, std::vector<TransferItem> &items, const std::vector<Target> &descs) {
     if (target == kLocalSegment) {
         run_local(items);
         return;
     }
-    std::shared_ptr<const SegmentDesc> desc;
-    for (const auto &kv : descs)
-        if (kv.first == target) desc = kv.second;
-    const SegmentDesc &d = *desc;
-    if (d.protocol == "rdma" && rdma()) {
+    const Target *t = nullptr;
+    for (const auto &c : descs)
+        if (c.id == target) t = &c;
+    const std::shared_ptr<const SegmentDesc> &desc = t->desc;
+    if (t->routes.rdma) {
         rdma()->submit(desc, items);
         return;
     }
-    // Same host, another process, and the target buffer has a CUDA IPC
-    // handle: copy engines instead of the network.
-    if (ipc_ && !d.host_id.empty() && d.host_id == host_id_ && d.process_token != process_token()) {
-        std::vector<TransferItem> via_ipc, via_tcp;
-        std::vector<IpcTarget> targets;
-        for (auto &it : items) {
-            const BufferDesc *hit = nullptr;
-            for (const auto &b : d.buffers)
-                if (!b.cuda_ipc.empty() && range_within(it.remote_addr, it.length, b.addr, b.length)) {
-                    hit = &b;
-                    break;
-                }
-            if (hit && ipc_->usable(hit->cuda_ipc)) {
-                targets.push_back(IpcTarget{hit->cuda_ipc, hit->addr, hit->length, hit->cuda_ipc_offset, hit->cuda_device});
-                via_ipc.push_back(std::move(it));
-            } else {
-                via_tcp.push_back(std::move(it));
-            }
-        }
-        if (!via_tcp.empty()) send_host(desc, via_tcp);
-        if (!via_ipc.empty())
-            ipc_->submit(via_ipc, targets, [this, desc](std::vector<TransferItem> &rerouted) { send_tcp(*desc, rerouted); });
-        return;
-    }
-    send_host(desc, items);
-}
-
-void TransferEngine::send_host(const std::shared_ptr<const SegmentDesc> &desc, std::vector<TransferItem> &items) {
-    const SegmentDesc &d = *desc;
-    // The owner offers the same-host transport and says it runs on this
-    // boot of this host (its kernel-attested accept decides the rest).
-    // Only host memory, and only ranges inside the host buffers the owner
-    // published: anything else goes over TCP, where the owner rejects what
-    // it must.
-    if (!same_host_client_ || d.same_host_socket.empty() || d.host_id.empty() || d.host_id != host_id_) {
-        send_tcp(d, items);
-        return;
-    }
     thread_local std::vector<TransferItem> via_same, via_tcp;
+    std::vector<TransferItem> via_ipc;  // GPU-only path: allocating here is fine
+    std::vector<IpcTarget> ipc_targets;
     via_same.clear();
     via_tcp.clear();
     for (auto &it : items) {
-        if (it.local_device() < 0 && d.in_host_buffer(it.remote_addr, it.length)) via_same.push_back(std::move(it));
-        else via_tcp.push_back(std::move(it));
+        IpcTarget ipc{};
+        switch (route_of(t->routes, *desc, it, &ipc)) {
+        case Route::CudaIpc:
+            ipc_targets.push_back(std::move(ipc));
+            via_ipc.push_back(std::move(it));
+            break;
+        case Route::SameHost: via_same.push_back(std::move(it)); break;
+        default: via_tcp.push_back(std::move(it)); break;
+        }
     }
-    if (!via_tcp.empty()) send_tcp(d, via_tcp);
+    if (!via_tcp.empty()) send_tcp(*desc, via_tcp);
     if (!via_same.empty()) same_host_client_->submit(desc, via_same);
+    if (!via_ipc.empty())
+        ipc_->submit(via_ipc, ipc_targets, [this, desc](std::vector<TransferItem> &rerouted) { send_tcp(*desc, rerouted); });
     via_same.clear();
     via_tcp.clear();
 }

@@ -18,6 +18,7 @@
 #include "core/notify_queue.h"
 #include "core/request.h"
 #include "core/segment_cache.h"
+#include "engine/route.h"
 
 
 namespace mcrs {
@@ -137,11 +138,19 @@ private:
     void maybe_send_batch_notify(Batch &b);
     void run_local(std::vector<struct TransferItem> &items);
     void send_tcp(const SegmentDesc &d, std::vector<struct TransferItem> &items);
-    // Host-memory items for a peer on this host that offers the same-host
-    // transport go there; the rest (and refused peers' items) over TCP.
-    void send_host(const std::shared_ptr<const SegmentDesc> &d, std::vector<struct TransferItem> &items);
-    void dispatch(int32_t target, std::vector<struct TransferItem> &items,
-                  const std::vector<std::pair<int32_t, std::shared_ptr<const SegmentDesc>>> &descs);
+    // A target of one submit: its descriptor and what it offers us.
+    struct Target {
+        int32_t id;
+        std::shared_ptr<const SegmentDesc> desc;
+        PeerRoutes routes;
+    };
+    // What `d` offers this engine; throws StatusError (prefixed `where`)
+    // when no installed transport reaches it.
+    PeerRoutes peer_routes(const SegmentDesc &d, const std::string &where) const;
+    // The route of one request to a peer (fills *ipc for Route::CudaIpc).
+    Route route_of(const PeerRoutes &p, const SegmentDesc &d, const struct TransferItem &it,
+                   struct IpcTarget *ipc) const;
+    void dispatch(int32_t target, std::vector<struct TransferItem> &items, const std::vector<Target> &descs);
 
     EngineConfig cfg_;
     std::string local_host_;
