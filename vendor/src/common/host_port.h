@@ -1,6 +1,7 @@
 // Segment names in P2PHANDSHAKE mode are "<host>:<handshake port>"; this
 // parses and builds them with upstream's rules (IPv6 in brackets, the port
-// after the last ':', a default port when none parses).
+// after the last ':', a default port when none parses; docs/wire-protocol.md,
+// Segment names).
 #pragma once
 
 #include <cstdint>

@@ -40,7 +40,8 @@ struct EngineConfig {
     uint32_t handshake_max_connections = 256;
     // 0 = max(8, handshake_max_connections / 8).
     uint32_t handshake_max_connections_per_source = 0;
-    // RDMA ready-ACK wait (upstream's protocol); settable for tests only.
+    // RDMA ready-ACK wait (docs/wire-protocol.md, RDMA endpoint handshake);
+    // settable for tests only.
     uint32_t rdma_ready_ack_timeout_ms = 10000;
 
     uint32_t tcp_connect_timeout_ms = 5000;

@@ -1,6 +1,7 @@
 // Notifications received from peers (handshake type 2), drained FIFO by the
 // application. Bounded in entries, in bytes (name + message) and per message,
-// so a peer cannot grow our memory without limit.
+// so a peer cannot grow our memory without limit (docs/wire-protocol.md,
+// Notifications).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // The segment descriptor: the JSON a segment's owner publishes in
 // upstream's format and a peer decodes before it can transfer. Decoding treats the
 // JSON as untrusted and rejects what upstream rejects, plus ranges that wrap.
+// Every key, published and accepted: docs/wire-protocol.md, Segment descriptor.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The CUDA IPC handle as the descriptor's mc_cuda_ipc key carries it: 128
 // lowercase hex digits. Shared by the engine and the GPU bench so both read
-// peers' handles the same strict way.
+// peers' handles the same strict way (docs/wire-protocol.md, CUDA IPC handles).
 #pragma once
 
 #include <string>

@@ -1,6 +1,6 @@
-// Framing of the handshake/RPC socket (upstream's protocol): an 8-byte
-// little-endian length, then a type byte and JSON. A first body byte above 3
-// means the legacy framing with no type byte.
+// Framing of the handshake/RPC socket (docs/wire-protocol.md, Handshake
+// port): an 8-byte little-endian length, then a type byte and JSON. A first
+// body byte above 3 means the legacy framing with no type byte.
 #pragma once
 
 #include <cstdint>

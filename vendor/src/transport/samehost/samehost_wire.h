@@ -1,6 +1,7 @@
 // The same-host transport's wire format, spoken over an attested Unix
 // stream socket (peer_identity.h). No payload crosses the socket: the
 // target copies the bytes between the two processes itself (cma.h).
+// Described in docs/wire-protocol.md, Same-host session.
 //
 //   greeting (target -> initiator, once, after the target accepted the
 //   initiator's identity): one status frame, OK. A refused initiator gets

@@ -1,6 +1,6 @@
-// The TCP data-plane wire format (upstream's protocol): a 24-byte
-// little-endian request header, and in protocol v2 an 8-byte status frame
-// whose high half is the magic "MCTV".
+// The TCP data-plane wire format (docs/wire-protocol.md, TCP data port): a
+// 24-byte little-endian request header, and in protocol v2 an 8-byte status
+// frame whose high half is the magic "MCTV".
 #pragma once
 
 #include <cstdint>
