@@ -17,29 +17,48 @@ inline TransferEngine *engine_of(void *handle, const char *fn) {
     return static_cast<TransferEngine *>(handle);
 }
 
+// The exception in flight, as both C conventions see it.
+struct Failure {
+    int err;     // 0 / negative ERR_* convention
+    int status;  // positive Status::Code convention (submit/status/free)
+};
+
+// Call only inside a catch block: names the exception being handled,
+// records the thread-local message (prefixed with the C function's name)
+// and returns its code in both conventions. The one place that maps C++
+// exceptions to C error codes.
+inline Failure record_failure(const char *fn) noexcept {
+    try {
+        throw;
+    } catch (const StatusError &e) {
+        int err = error_from_status(e.status());
+        set_last_error(err, std::string(fn) + ": " + e.what());
+        MC_LOG(Debug, fn << " failed: " << e.what());
+        return {err, e.status()};
+    } catch (const Error &e) {
+        set_last_error(e.code(), std::string(fn) + ": " + e.what());
+        MC_LOG(Debug, fn << " failed: " << e.what());
+        return {e.code(), status_from_error(e.code())};
+    } catch (const std::bad_alloc &) {
+        set_last_error(kErrMemory, std::string(fn) + ": out of memory");
+        return {kErrMemory, kStatusMemory};
+    } catch (const std::exception &e) {
+        set_last_error(kErrInternal, std::string(fn) + ": internal error: " + e.what());
+        return {kErrInternal, kStatusInvalidArgument};
+    } catch (...) {
+        set_last_error(kErrInternal, std::string(fn) + ": unknown internal error");
+        return {kErrInternal, kStatusInvalidArgument};
+    }
+}
+
 // For functions returning 0 / negative ERR_*.
 template <class F>
 int guard_errcode(const char *fn, F &&body) noexcept {
     try {
         clear_last_error();
         return body();
-    } catch (const Error &e) {
-        set_last_error(e.code(), std::string(fn) + ": " + e.what());
-        MC_LOG(Debug, fn << " failed: " << e.what());
-        return e.code();
-    } catch (const StatusError &e) {
-        int code = error_from_status(e.status());
-        set_last_error(code, std::string(fn) + ": " + e.what());
-        return code;
-    } catch (const std::bad_alloc &) {
-        set_last_error(kErrMemory, std::string(fn) + ": out of memory");
-        return kErrMemory;
-    } catch (const std::exception &e) {
-        set_last_error(kErrInternal, std::string(fn) + ": internal error: " + e.what());
-        return kErrInternal;
     } catch (...) {
-        set_last_error(kErrInternal, std::string(fn) + ": unknown internal error");
-        return kErrInternal;
+        return record_failure(fn).err;
     }
 }
 
@@ -49,22 +68,8 @@ int guard_status(const char *fn, F &&body) noexcept {
     try {
         clear_last_error();
         return body();
-    } catch (const StatusError &e) {
-        set_last_error(error_from_status(e.status()), std::string(fn) + ": " + e.what());
-        MC_LOG(Debug, fn << " failed: " << e.what());
-        return e.status();
-    } catch (const Error &e) {
-        set_last_error(e.code(), std::string(fn) + ": " + e.what());
-        return status_from_error(e.code());
-    } catch (const std::bad_alloc &) {
-        set_last_error(kErrMemory, std::string(fn) + ": out of memory");
-        return kStatusMemory;
-    } catch (const std::exception &e) {
-        set_last_error(kErrInternal, std::string(fn) + ": internal error: " + e.what());
-        return kStatusInvalidArgument;
     } catch (...) {
-        set_last_error(kErrInternal, std::string(fn) + ": unknown internal error");
-        return kStatusInvalidArgument;
+        return record_failure(fn).status;
     }
 }
 
@@ -74,19 +79,10 @@ T guard_value(const char *fn, T fallback, F &&body) noexcept {
     try {
         clear_last_error();
         return body();
-    } catch (const Error &e) {
-        set_last_error(e.code(), std::string(fn) + ": " + e.what());
-        MC_LOG(Debug, fn << " failed: " << e.what());
-    } catch (const StatusError &e) {
-        set_last_error(error_from_status(e.status()), std::string(fn) + ": " + e.what());
-    } catch (const std::bad_alloc &) {
-        set_last_error(kErrMemory, std::string(fn) + ": out of memory");
-    } catch (const std::exception &e) {
-        set_last_error(kErrInternal, std::string(fn) + ": internal error: " + e.what());
     } catch (...) {
-        set_last_error(kErrInternal, std::string(fn) + ": unknown internal error");
+        record_failure(fn);
+        return fallback;
     }
-    return fallback;
 }
 
 }  // namespace mcrs

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "capi/api_guard.h"
+#include "common/text.h"
 #include "core/config.h"
 #include "gpu/gpu.h"
 #include "mooncake_ext.h"

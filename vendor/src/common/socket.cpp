@@ -106,28 +106,6 @@ IoResult sendv_all(int fd, struct iovec *iov, int iovcnt) {
     return r;
 }
 
-IoResult recv_all(int fd, void *data, size_t len) {
-    char *p = static_cast<char *>(data);
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = ::recv(fd, p + done, len - done, 0);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return io_error(errno, done);
-        }
-        if (n == 0) {
-            IoResult r;
-            r.status = IoStatus::Eof;
-            r.done = done;
-            return r;
-        }
-        done += static_cast<size_t>(n);
-    }
-    IoResult r;
-    r.done = done;
-    return r;
-}
-
 IoResult recvv_all(int fd, struct iovec *iov, int iovcnt) {
     size_t done = 0;
     while (iovcnt > 0 && iov->iov_len == 0) {
@@ -152,6 +130,11 @@ IoResult recvv_all(int fd, struct iovec *iov, int iovcnt) {
     IoResult r;
     r.done = done;
     return r;
+}
+
+IoResult recv_all(int fd, void *data, size_t len) {
+    struct iovec one {data, len};
+    return recvv_all(fd, &one, 1);
 }
 
 void set_io_timeouts(int fd, int recv_timeout_ms, int send_timeout_ms) {

@@ -91,15 +91,6 @@ GpuRegistrationMode resolve_gpu_registration_mode(GpuRegistrationMode m) {
                                                  : GpuRegistrationMode::DmaBuf;
 }
 
-std::string join_list(const std::vector<std::string> &v) {
-    std::string out;
-    for (const auto &s : v) {
-        if (!out.empty()) out.push_back(',');
-        out += s;
-    }
-    return out;
-}
-
 void EngineConfig::validate() const {
     auto fail = [](const std::string &m) { throw Error(kErrInvalidArgument, m); };
     if (metadata_conn_string.empty()) fail("metadata_conn_string is empty");

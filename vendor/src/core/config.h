@@ -89,7 +89,6 @@ struct EngineConfig {
 };
 
 std::vector<std::string> split_list(const std::string &s);
-std::string join_list(const std::vector<std::string> &v);
 // FromEnv becomes PeerMem or DmaBuf according to WITH_NVIDIA_PEERMEM.
 GpuRegistrationMode resolve_gpu_registration_mode(GpuRegistrationMode m);
 

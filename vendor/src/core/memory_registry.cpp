@@ -11,16 +11,12 @@
 
 #include "common/error.h"
 #include "common/range.h"
+#include "common/text.h"
 #include "common/log.h"
 
 namespace mcrs {
 
 namespace {
-std::string hex(uint64_t v) {
-    std::ostringstream s;
-    s << "0x" << std::hex << v;
-    return s.str();
-}
 std::string range_str(uint64_t a, uint64_t l) {
     return "[" + hex(a) + ", " + hex(a + l) + ")";
 }

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/range.h"
 #include "common/socket.h"
+#include "common/text.h"
 #include "handshake/frame.h"
 #include "handshake/handshake_client.h"
 #include "handshake/handshake_server.h"
@@ -30,10 +31,19 @@ namespace mcrs {
 
 namespace {
 
-std::string hex(uint64_t v) {
-    std::ostringstream s;
-    s << "0x" << std::hex << v;
-    return s.str();
+// Both of our ports: `fixed` when set, else a free one in the configured
+// range; `chosen` is the port listened on. Throws naming `what`.
+Fd listen_port(const EngineConfig &cfg, uint16_t fixed, uint16_t &chosen, const char *what) {
+    std::string err;
+    Fd fd;
+    if (fixed != 0) {
+        fd = listen_tcp(cfg.bind_address, fixed, cfg.listen_backlog, err);
+        chosen = fixed;
+    } else {
+        fd = listen_tcp_random(cfg.bind_address, cfg.port_min, cfg.port_max, 500, cfg.listen_backlog, chosen, err);
+    }
+    if (!fd.valid()) throw Error(kErrSocket, std::string(what) + ": " + err);
+    return fd;
 }
 
 // Identifies this boot of this host; engines that agree on it may use
@@ -88,16 +98,7 @@ TransferEngine::TransferEngine(EngineConfig cfg)
     local_host_ = parse_host_port(cfg_.local_server_name).host;
     if (local_host_.empty()) throw Error(kErrInvalidArgument, "local_server_name has no host part");
 
-    std::string err;
-    Fd hs;
-    if (cfg_.rpc_port != 0) {
-        hs = listen_tcp(cfg_.bind_address, cfg_.rpc_port, cfg_.listen_backlog, err);
-        rpc_port_ = cfg_.rpc_port;
-    } else {
-        hs = listen_tcp_random(cfg_.bind_address, cfg_.port_min, cfg_.port_max, 500,
-                               cfg_.listen_backlog, rpc_port_, err);
-    }
-    if (!hs.valid()) throw Error(kErrSocket, "handshake listener: " + err);
+    Fd hs = listen_port(cfg_, cfg_.rpc_port, rpc_port_, "handshake listener");
     segment_name_ = join_host_port(local_host_, rpc_port_);
 
     HandshakeServerOptions ho;
@@ -178,16 +179,7 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
                     "transport '" + proto + "' is not implemented (only 'tcp' and 'rdma' are)");
     std::lock_guard<std::mutex> g(install_mu_);
     if (tcp_installed_.load()) return;
-    std::string err;
-    Fd data;
-    if (cfg_.tcp_data_port != 0) {
-        data = listen_tcp(cfg_.bind_address, cfg_.tcp_data_port, cfg_.listen_backlog, err);
-        tcp_port_ = cfg_.tcp_data_port;
-    } else {
-        data = listen_tcp_random(cfg_.bind_address, cfg_.port_min, cfg_.port_max, 500,
-                                 cfg_.listen_backlog, tcp_port_, err);
-    }
-    if (!data.valid()) throw Error(kErrSocket, "TCP data listener: " + err);
+    Fd data = listen_port(cfg_, cfg_.tcp_data_port, tcp_port_, "TCP data listener");
     TcpServerOptions so;
     so.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
     so.max_connections = cfg_.tcp_max_server_connections;
