@@ -98,57 +98,36 @@ std::vector<uint32_t> keys(const Json &e, const char *field, size_t idx) {
 
 }  // namespace
 
-SegmentDesc decode_segment_desc(const Json &j) {
-    if (!j.is_object()) bad(j.is_null() ? "the peer sent null (it has no descriptor yet)"
-                                        : "not a JSON object");
-    SegmentDesc d;
-    d.name = json_string_or(j, "name", "");
-    if (d.name.empty()) bad("missing or empty 'name'");
+namespace {
+
+std::string decode_protocol(const Json &j) {
     const Json *proto = j.find("protocol");
     if (proto && proto->is_array()) {
         // Multi-protocol builds publish an array; take the first we know.
         for (const Json &p : *proto->get_array())
-            if (p.is_string()) {
-                d.protocol = *p.get_string();
-                break;
-            }
-    } else {
-        d.protocol = json_string_or(j, "protocol", "");
+            if (p.is_string()) return *p.get_string();
+        return "";
     }
-    if (d.protocol.empty()) bad("missing 'protocol'");
-    d.tcp_data_host = json_string_or(j, "tcp_data_host", "");
-    d.rdma_server_name = json_string_or(j, "rdma_server_name", "");
-    if (const Json *p = j.find("tcp_data_port")) {
-        int64_t v;
-        if (!p->get_i64(v) || v < 0 || v > 65535) bad("'tcp_data_port' is not a port number");
-        d.tcp_data_port = static_cast<uint16_t>(v);
+    return json_string_or(j, "protocol", "");
+}
+
+DeviceDesc decode_device(const Json &e, size_t i) {
+    DeviceDesc dv;
+    dv.name = json_string_or(e, "name", "");
+    dv.gid = json_string_or(e, "gid", "");
+    dv.link_layer = json_string_or(e, "mc_link_layer", "");
+    if (dv.link_layer.size() > 32) dv.link_layer.clear();
+    uint64_t lid = 0;
+    if (const Json *l = e.find("lid")) {
+        if (!l->get_u64(lid) || lid > 0xFFFF) lid = 0;
     }
-    if (const Json *p = j.find("tcp_proto_version")) {
-        int64_t v;
-        if (!p->get_i64(v) || v < 0 || v > 1000) bad("'tcp_proto_version' is not a small integer");
-        d.tcp_proto_version = static_cast<int>(v);
-    }
-    if (const Json *devs = j.find("devices")) {
-        const Json::Array *a = devs->get_array();
-        if (!a) bad("'devices' is not an array");
-        for (size_t i = 0; i < a->size(); ++i) {
-            const Json &e = (*a)[i];
-            DeviceDesc dv;
-            dv.name = json_string_or(e, "name", "");
-            dv.gid = json_string_or(e, "gid", "");
-            dv.link_layer = json_string_or(e, "mc_link_layer", "");
-            if (dv.link_layer.size() > 32) dv.link_layer.clear();
-            uint64_t lid = 0;
-            if (const Json *l = e.find("lid")) {
-                if (!l->get_u64(lid) || lid > 0xFFFF) lid = 0;
-            }
-            dv.lid = static_cast<uint32_t>(lid);
-            if (dv.name.empty() || dv.gid.empty())
-                bad("devices[" + std::to_string(i) + "] has an empty name or gid");
-            d.devices.push_back(dv);
-        }
-    }
-    if (const Json *pm = j.find("priority_matrix")) d.priority_matrix = *pm;
+    dv.lid = static_cast<uint32_t>(lid);
+    if (dv.name.empty() || dv.gid.empty()) bad("devices[" + std::to_string(i) + "] has an empty name or gid");
+    return dv;
+}
+
+// Our own keys: the host identity, the process token and the same-host socket.
+void decode_host_keys(const Json &j, SegmentDesc &d) {
     d.host_id = json_string_or(j, "mc_host_id", "");
     if (const Json *p = j.find("mc_process")) {
         const std::string *s = p->get_string();
@@ -163,42 +142,73 @@ SegmentDesc decode_segment_desc(const Json &j) {
             bad("'mc_same_host' is not a socket name of at most 64 characters [A-Za-z0-9._-]");
         d.same_host_socket = *s;
     }
-    const Json *bufs = j.find("buffers");
-    if (bufs) {
-        const Json::Array *a = bufs->get_array();
-        if (!a) bad("'buffers' is not an array");
-        for (size_t i = 0; i < a->size(); ++i) {
-            const Json &e = (*a)[i];
-            if (!e.is_object()) bad("buffers[" + std::to_string(i) + "] is not an object");
-            BufferDesc b;
-            b.name = json_string_or(e, "name", "");
-            const Json *addr = e.find("addr");
-            const Json *len = e.find("length");
-            if (b.name.empty()) bad("buffers[" + std::to_string(i) + "] has an empty name");
-            if (!addr || !addr->get_u64(b.addr) || b.addr == 0)
-                bad("buffers[" + std::to_string(i) + "] has no valid non-zero addr");
-            if (!len || !len->get_u64(b.length) || b.length == 0)
-                bad("buffers[" + std::to_string(i) + "] has no valid non-zero length");
-            if (b.addr + b.length < b.addr)
-                bad("buffers[" + std::to_string(i) + "] wraps around the address space");
-            b.cuda_ipc = json_string_or(e, "mc_cuda_ipc", "");
-            if (const Json *o = e.find("mc_cuda_ipc_offset")) o->get_u64(b.cuda_ipc_offset);
-            if (const Json *dv = e.find("mc_cuda_device")) {
-                int64_t v = -1;
-                if (dv->get_i64(v) && v >= 0 && v < 4096) b.cuda_device = static_cast<int>(v);
-            }
-            b.lkey = keys(e, "lkey", i);
-            b.rkey = keys(e, "rkey", i);
-            if (!b.rkey.empty()) {
-                if (b.rkey.size() != b.lkey.size())
-                    bad("buffers[" + std::to_string(i) + "] has rkey/lkey of different sizes");
-                if (d.protocol == "rdma" && b.rkey.size() != d.devices.size())
-                    bad("buffers[" + std::to_string(i) + "] has " +
-                        std::to_string(b.rkey.size()) + " rkeys for " +
-                        std::to_string(d.devices.size()) + " devices");
-            }
-            d.buffers.push_back(std::move(b));
-        }
+}
+
+BufferDesc decode_buffer(const Json &e, size_t i, const SegmentDesc &d) {
+    auto at = [i]() { return "buffers[" + std::to_string(i) + "]"; };
+    if (!e.is_object()) bad(at() + " is not an object");
+    BufferDesc b;
+    b.name = json_string_or(e, "name", "");
+    const Json *addr = e.find("addr");
+    const Json *len = e.find("length");
+    if (b.name.empty()) bad(at() + " has an empty name");
+    if (!addr || !addr->get_u64(b.addr) || b.addr == 0) bad(at() + " has no valid non-zero addr");
+    if (!len || !len->get_u64(b.length) || b.length == 0) bad(at() + " has no valid non-zero length");
+    if (b.addr + b.length < b.addr) bad(at() + " wraps around the address space");
+    b.cuda_ipc = json_string_or(e, "mc_cuda_ipc", "");
+    if (const Json *o = e.find("mc_cuda_ipc_offset")) o->get_u64(b.cuda_ipc_offset);
+    if (const Json *dv = e.find("mc_cuda_device")) {
+        int64_t v = -1;
+        if (dv->get_i64(v) && v >= 0 && v < 4096) b.cuda_device = static_cast<int>(v);
+    }
+    b.lkey = keys(e, "lkey", i);
+    b.rkey = keys(e, "rkey", i);
+    if (!b.rkey.empty()) {
+        if (b.rkey.size() != b.lkey.size()) bad(at() + " has rkey/lkey of different sizes");
+        if (d.protocol == "rdma" && b.rkey.size() != d.devices.size())
+            bad(at() + " has " + std::to_string(b.rkey.size()) + " rkeys for " + std::to_string(d.devices.size()) +
+                " devices");
+    }
+    return b;
+}
+
+const Json::Array &array_field(const Json &j, const char *key) {
+    const Json::Array *a = j.find(key)->get_array();
+    if (!a) bad(std::string("'") + key + "' is not an array");
+    return *a;
+}
+
+}  // namespace
+
+SegmentDesc decode_segment_desc(const Json &j) {
+    if (!j.is_object()) bad(j.is_null() ? "the peer sent null (it has no descriptor yet)"
+                                        : "not a JSON object");
+    SegmentDesc d;
+    d.name = json_string_or(j, "name", "");
+    if (d.name.empty()) bad("missing or empty 'name'");
+    d.protocol = decode_protocol(j);
+    if (d.protocol.empty()) bad("missing 'protocol'");
+    d.tcp_data_host = json_string_or(j, "tcp_data_host", "");
+    d.rdma_server_name = json_string_or(j, "rdma_server_name", "");
+    if (const Json *p = j.find("tcp_data_port")) {
+        int64_t v;
+        if (!p->get_i64(v) || v < 0 || v > 65535) bad("'tcp_data_port' is not a port number");
+        d.tcp_data_port = static_cast<uint16_t>(v);
+    }
+    if (const Json *p = j.find("tcp_proto_version")) {
+        int64_t v;
+        if (!p->get_i64(v) || v < 0 || v > 1000) bad("'tcp_proto_version' is not a small integer");
+        d.tcp_proto_version = static_cast<int>(v);
+    }
+    if (j.find("devices")) {
+        const Json::Array &a = array_field(j, "devices");
+        for (size_t i = 0; i < a.size(); ++i) d.devices.push_back(decode_device(a[i], i));
+    }
+    if (const Json *pm = j.find("priority_matrix")) d.priority_matrix = *pm;
+    decode_host_keys(j, d);
+    if (j.find("buffers")) {
+        const Json::Array &a = array_field(j, "buffers");
+        for (size_t i = 0; i < a.size(); ++i) d.buffers.push_back(decode_buffer(a[i], i, d));
     }
     for (const auto &b : d.buffers) {
         bool gpu = b.cuda_device >= 0 || !b.cuda_ipc.empty() || b.name.compare(0, 5, "cuda:") == 0;

@@ -529,42 +529,10 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
 
     // Validate everything before reserving slots, so a bad request leaves
     // the batch untouched.
-    auto where = [](size_t i) { return "request " + std::to_string(i) + ": "; };
     bool one_target = true;
     for (size_t i = 0; i < n; ++i) {
-        const Request &r = reqs[i];
-        if (r.opcode != kOpRead && r.opcode != kOpWrite)
-            throw StatusError(kStatusInvalidArgument,
-                              where(i) + "opcode " + std::to_string(r.opcode) + " is neither READ nor WRITE");
-        if (r.length == 0) throw StatusError(kStatusInvalidArgument, where(i) + "length is zero");
-        if (!r.source) throw StatusError(kStatusInvalidArgument, where(i) + "source is null");
-        uint64_t src = reinterpret_cast<uint64_t>(r.source);
-        if (src + r.length < src || r.target_offset + r.length < r.target_offset)
-            throw StatusError(kStatusInvalidArgument,
-                              where(i) + "range of " + std::to_string(r.length) + " bytes wraps around");
-        if (i > 0 && r.target_id != reqs[0].target_id) one_target = false;
-        bool known = r.target_id == kLocalSegment;
-        for (const auto &t : descs) known = known || t.id == r.target_id;
-        if (!known) {
-            auto d = segments_.get(r.target_id);
-            if (!d)
-                throw StatusError(kStatusInvalidArgument,
-                                  where(i) + "unknown segment id " + std::to_string(r.target_id) +
-                                      " (open the segment first)");
-            PeerRoutes routes = peer_routes(*d, where(i));
-            descs.push_back(Target{r.target_id, std::move(d), routes});
-        }
-        RegionPin pin = registry_.pin(src, r.length, /*need_remote=*/false);
-        if (!pin)
-            throw StatusError(kStatusAddressNotRegistered,
-                              where(i) + "local range [" + hex(src) + ", " + hex(src + r.length) +
-                                  ") is not inside one registered buffer");
-        TransferItem &it = items[i];
-        it.opcode = r.opcode;
-        it.local = static_cast<char *>(r.source);
-        it.remote_addr = r.target_offset;
-        it.length = r.length;
-        it.local_pin = std::move(pin);
+        if (i > 0 && reqs[i].target_id != reqs[0].target_id) one_target = false;
+        prepare_item(reqs[i], i, descs, items[i]);
     }
     auto first = batch->reserve(n);
     if (!first) throw too_many();
@@ -576,15 +544,49 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
     }
 
     // Hand each target's requests to its transport, in request order.
-    if (one_target) {
-        dispatch(reqs[0].target_id, items, descs);
-        return;
+    if (one_target) dispatch(reqs[0].target_id, items, descs);
+    else dispatch_by_target(reqs, items, group, descs);
+}
+
+void TransferEngine::prepare_item(const Request &r, size_t i, std::vector<Target> &targets, TransferItem &it) {
+    auto where = [i]() { return "request " + std::to_string(i) + ": "; };
+    if (r.opcode != kOpRead && r.opcode != kOpWrite)
+        throw StatusError(kStatusInvalidArgument,
+                          where() + "opcode " + std::to_string(r.opcode) + " is neither READ nor WRITE");
+    if (r.length == 0) throw StatusError(kStatusInvalidArgument, where() + "length is zero");
+    if (!r.source) throw StatusError(kStatusInvalidArgument, where() + "source is null");
+    uint64_t src = reinterpret_cast<uint64_t>(r.source);
+    if (src + r.length < src || r.target_offset + r.length < r.target_offset)
+        throw StatusError(kStatusInvalidArgument,
+                          where() + "range of " + std::to_string(r.length) + " bytes wraps around");
+    bool known = r.target_id == kLocalSegment;
+    for (const auto &t : targets) known = known || t.id == r.target_id;
+    if (!known) {
+        auto d = segments_.get(r.target_id);
+        if (!d)
+            throw StatusError(kStatusInvalidArgument, where() + "unknown segment id " +
+                                                          std::to_string(r.target_id) + " (open the segment first)");
+        PeerRoutes routes = peer_routes(*d, where());
+        targets.push_back(Target{r.target_id, std::move(d), routes});
     }
-    // Several targets: one stable pass per distinct target would be
-    // O(n x targets); bucket the indices by target once instead.
+    RegionPin pin = registry_.pin(src, r.length, /*need_remote=*/false);
+    if (!pin)
+        throw StatusError(kStatusAddressNotRegistered, where() + "local range [" + hex(src) + ", " +
+                                                           hex(src + r.length) + ") is not inside one registered buffer");
+    it.opcode = r.opcode;
+    it.local = static_cast<char *>(r.source);
+    it.remote_addr = r.target_offset;
+    it.length = r.length;
+    it.local_pin = std::move(pin);
+}
+
+void TransferEngine::dispatch_by_target(const Request *reqs, std::vector<TransferItem> &items,
+                                        std::vector<TransferItem> &group, const std::vector<Target> &targets) {
+    // One stable pass per distinct target would be O(n x targets); bucket
+    // the indices by target once instead.
     std::unordered_map<int32_t, std::vector<size_t>> by_target;
     std::vector<int32_t> order;  // targets in first-seen order
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < items.size(); ++i) {
         auto &bucket = by_target[reqs[i].target_id];
         if (bucket.empty()) order.push_back(reqs[i].target_id);
         bucket.push_back(i);
@@ -592,7 +594,7 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
     for (int32_t t : order) {
         group.clear();
         for (size_t i : by_target[t]) group.push_back(std::move(items[i]));
-        dispatch(t, group, descs);
+        dispatch(t, group, targets);
     }
 }
 

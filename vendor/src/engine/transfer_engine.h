@@ -150,7 +150,12 @@ private:
     // The route of one request to a peer (fills *ipc for Route::CudaIpc).
     Route route_of(const PeerRoutes &p, const SegmentDesc &d, const struct TransferItem &it,
                    struct IpcTarget *ipc) const;
+    // Checks request `i` (throws StatusError naming it), learns its target's
+    // routes on first sight, pins its local range and fills `it`.
+    void prepare_item(const Request &r, size_t i, std::vector<Target> &targets, struct TransferItem &it);
     void dispatch(int32_t target, std::vector<struct TransferItem> &items, const std::vector<Target> &descs);
+    void dispatch_by_target(const Request *reqs, std::vector<struct TransferItem> &items,
+                            std::vector<struct TransferItem> &group, const std::vector<Target> &targets);
 
     EngineConfig cfg_;
     std::string local_host_;
