@@ -58,7 +58,7 @@ pub fn info() -> GpuInfo {
 /// An owned device allocation (`cudaMalloc`), registrable like a
 /// [`HostBuffer`](crate::HostBuffer).
 pub struct DeviceBuffer {
-    pub(crate) alloc: DeviceAlloc,
+    alloc: DeviceAlloc,
 }
 
 impl std::fmt::Debug for DeviceBuffer {

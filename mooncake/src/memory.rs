@@ -73,14 +73,6 @@ impl HostBuffer {
     pub fn alignment() -> usize {
         crate::ffi::page_size()
     }
-
-    pub(crate) fn alloc(&self) -> &PageAlignedAlloc {
-        &self.alloc
-    }
-
-    pub(crate) fn alloc_mut(&mut self) -> &mut PageAlignedAlloc {
-        &mut self.alloc
-    }
 }
 
 impl std::fmt::Debug for HostBuffer {
@@ -109,10 +101,10 @@ impl DerefMut for HostBuffer {
 // is valid for `len()` bytes, and the value owns it exclusively.
 unsafe impl RegisterableMemory for HostBuffer {
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.alloc_mut().as_ptr()
+        self.alloc.as_ptr()
     }
     fn len(&self) -> usize {
-        self.alloc().len()
+        self.alloc.len()
     }
 }
 
