@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use mooncake_sys as sys;
 
-use crate::engine::EngineShared;
 use crate::error::{Error, Result};
 use crate::ffi::{OwnedCString, RequestBuf};
 use crate::memory::LocalMemory;
 use crate::segment::RemoteSegment;
+use crate::shared::EngineShared;
 
 /// The status of one request, decoded from the engine's integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -182,7 +182,7 @@ impl<'r> Batch<'r> {
         len: usize,
     ) -> Result<()> {
         let region = sealed_region(local);
-        if !Arc::ptr_eq(region.engine(), &self.engine) {
+        if !Arc::ptr_eq(region.engine(), &self.engine.raw) {
             return Err(Error::InvalidArgument(
                 "local memory is registered with another engine".into(),
             ));

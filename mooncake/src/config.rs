@@ -2,11 +2,13 @@
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use mooncake_sys as sys;
 
-use crate::engine::{Engine, EngineShared};
 use crate::error::{Error, Result};
-use crate::ffi::{self, OwnedCString};
+use crate::ffi::{self, OwnedCString, RawEngine};
+use crate::shared::EngineShared;
 
 /// Where peers find segment descriptors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,8 +32,9 @@ pub enum Protocol {
     /// peers that only speak TCP. Building fails when no usable NIC is found.
     Rdma,
     /// RDMA when a usable NIC exists, else TCP alone (like upstream's
-    /// auto-discovery); [`Engine::rdma_unavailable_reason`] says why RDMA
-    /// was not installed. Upstream's overrides apply: `MC_FORCE_TCP` (set,
+    /// auto-discovery);
+    /// [`Engine::rdma_unavailable_reason`](crate::Engine::rdma_unavailable_reason)
+    /// says why RDMA was not installed. Upstream's overrides apply: `MC_FORCE_TCP` (set,
     /// any value) gives TCP alone without trying RDMA, and `MC_FORCE_HCA`
     /// makes a failure to bring up RDMA a build error.
     Auto,
@@ -83,8 +86,8 @@ impl GpuRegistration {
     }
 }
 
-/// Builds an [`Engine`]. Defaults follow upstream Mooncake (and its `MC_*`
-/// environment variables), except that listeners bind to the local host
+/// Builds an [`Engine`](crate::Engine). Defaults follow upstream Mooncake
+/// (and its `MC_*` environment variables), except that listeners bind to the local host
 /// rather than to every interface.
 #[derive(Debug, Clone)]
 #[must_use]
@@ -124,6 +127,41 @@ struct Limits {
     notify_max_bytes: Option<u64>,
     notify_max_message_bytes: Option<u32>,
     allowed_peer_networks: Option<String>,
+}
+
+impl Limits {
+    /// Sets the numeric limits (the allowed networks, a string, are set by
+    /// the caller, which keeps the C string alive).
+    fn apply(&self, cfg: &mut sys::mc_engine_config_t) -> Result<()> {
+        if let Some(n) = self.tcp_max_server_connections {
+            cfg.tcp_max_server_connections = n;
+        }
+        if let Some(n) = self.tcp_max_connections_per_source {
+            cfg.tcp_max_connections_per_source = n;
+        }
+        if let Some(d) = self.tcp_idle_timeout {
+            cfg.tcp_idle_timeout_ms = millis("tcp_idle_timeout", d)?;
+        }
+        if let Some(d) = self.tcp_pooled_idle_timeout {
+            cfg.tcp_pooled_idle_timeout_ms = millis("tcp_pooled_idle_timeout", d)?;
+        }
+        if let Some(n) = self.tcp_server_workers {
+            cfg.tcp_server_workers = n;
+        }
+        if let Some(n) = self.handshake_max_connections {
+            cfg.handshake_max_connections = n;
+        }
+        if let Some(n) = self.handshake_max_connections_per_source {
+            cfg.handshake_max_connections_per_source = n;
+        }
+        if let Some(n) = self.notify_max_bytes {
+            cfg.notify_max_bytes = n;
+        }
+        if let Some(n) = self.notify_max_message_bytes {
+            cfg.notify_max_message_bytes = n;
+        }
+        Ok(())
+    }
 }
 
 impl Default for EngineBuilder {
@@ -385,10 +423,11 @@ impl EngineBuilder {
         self
     }
 
-    /// Starts the engine: binds its listeners and installs the transport.
-    pub fn build(self) -> Result<Engine> {
+    /// Starts the engine and returns the state its objects share
+    /// (`Engine` wraps it, in [`build`](Self::build)).
+    pub(crate) fn start(self) -> Result<Arc<EngineShared>> {
         ffi::install_log_sink();
-        let mut cfg = ffi::RawEngine::default_config()?;
+        let mut cfg = RawEngine::default_config()?;
         let conn = match self.metadata {
             Metadata::P2pHandshake => OwnedCString::new("metadata", "P2PHANDSHAKE")?,
         };
@@ -396,18 +435,49 @@ impl EngineBuilder {
             return Err(Error::InvalidArgument("local_host is empty".into()));
         }
         let host = OwnedCString::new("local_host", &self.local_host)?;
-        let bind = match &self.bind_address {
+        let bind = OwnedCString::new("bind_address", &self.effective_bind_address())?;
+        cfg.metadata_conn_string = conn.as_ptr();
+        cfg.local_server_name = host.as_ptr();
+        cfg.bind_address = bind.as_ptr();
+        self.apply_transport_options(&mut cfg)?;
+        let allow = optional_cstring("device_allow_list", self.device_allow_list.as_deref())?;
+        let deny = optional_cstring("device_deny_list", self.device_deny_list.as_deref())?;
+        if let Some(a) = &allow {
+            cfg.device_allow_list = a.as_ptr();
+        }
+        if let Some(d) = &deny {
+            cfg.device_deny_list = d.as_ptr();
+        }
+        cfg.gpu_registration_mode = self.gpu_registration.raw();
+        self.limits.apply(&mut cfg)?;
+        let nets = optional_cstring(
+            "allowed_peer_networks",
+            self.limits.allowed_peer_networks.as_deref(),
+        )?;
+        if let Some(n) = &nets {
+            cfg.allowed_peer_networks = n.as_ptr();
+        }
+        let raw = RawEngine::create(&cfg)?;
+        // The CStrings above outlive the call; the engine copied them.
+        let rdma_unavailable = self.install_auto_transport(&raw)?;
+        EngineShared::new(raw, rdma_unavailable)
+    }
+
+    /// The address to bind: the explicit one, else `MC_BIND_ADDRESS`, else
+    /// `local_host` when it is an IP address, else any.
+    fn effective_bind_address(&self) -> String {
+        match &self.bind_address {
             Some(b) => b.clone(),
             None => match std::env::var("MC_BIND_ADDRESS") {
                 Ok(b) if !b.is_empty() => b,
                 _ if self.local_host.parse::<std::net::IpAddr>().is_ok() => self.local_host.clone(),
                 _ => String::new(),
             },
-        };
-        let bind = OwnedCString::new("bind_address", &bind)?;
-        cfg.metadata_conn_string = conn.as_ptr();
-        cfg.local_server_name = host.as_ptr();
-        cfg.bind_address = bind.as_ptr();
+        }
+    }
+
+    /// Protocol, ports, timeouts and TCP knobs.
+    fn apply_transport_options(&self, cfg: &mut sys::mc_engine_config_t) -> Result<()> {
         cfg.protocols = match self.protocol {
             Protocol::Tcp | Protocol::Auto => sys::MC_PROTOCOL_TCP,
             Protocol::Rdma => sys::MC_PROTOCOL_TCP | sys::MC_PROTOCOL_RDMA,
@@ -453,79 +523,34 @@ impl EngineBuilder {
         if let Some(on) = self.same_host_path {
             cfg.enable_same_host = u32::from(on);
         }
-        let allow = self
-            .device_allow_list
-            .as_deref()
-            .map(|s| OwnedCString::new("device_allow_list", s))
-            .transpose()?;
-        let deny = self
-            .device_deny_list
-            .as_deref()
-            .map(|s| OwnedCString::new("device_deny_list", s))
-            .transpose()?;
-        if let Some(a) = &allow {
-            cfg.device_allow_list = a.as_ptr();
-        }
-        if let Some(d) = &deny {
-            cfg.device_deny_list = d.as_ptr();
-        }
-        cfg.gpu_registration_mode = self.gpu_registration.raw();
-        let l = &self.limits;
-        if let Some(n) = l.tcp_max_server_connections {
-            cfg.tcp_max_server_connections = n;
-        }
-        if let Some(n) = l.tcp_max_connections_per_source {
-            cfg.tcp_max_connections_per_source = n;
-        }
-        if let Some(d) = l.tcp_idle_timeout {
-            cfg.tcp_idle_timeout_ms = millis("tcp_idle_timeout", d)?;
-        }
-        if let Some(d) = l.tcp_pooled_idle_timeout {
-            cfg.tcp_pooled_idle_timeout_ms = millis("tcp_pooled_idle_timeout", d)?;
-        }
-        if let Some(n) = l.tcp_server_workers {
-            cfg.tcp_server_workers = n;
-        }
-        if let Some(n) = l.handshake_max_connections {
-            cfg.handshake_max_connections = n;
-        }
-        if let Some(n) = l.handshake_max_connections_per_source {
-            cfg.handshake_max_connections_per_source = n;
-        }
-        if let Some(n) = l.notify_max_bytes {
-            cfg.notify_max_bytes = n;
-        }
-        if let Some(n) = l.notify_max_message_bytes {
-            cfg.notify_max_message_bytes = n;
-        }
-        let nets = l
-            .allowed_peer_networks
-            .as_deref()
-            .map(|s| OwnedCString::new("allowed_peer_networks", s))
-            .transpose()?;
-        if let Some(n) = &nets {
-            cfg.allowed_peer_networks = n.as_ptr();
-        }
-        let raw = ffi::RawEngine::create(&cfg)?;
-        let mut rdma_unavailable = None;
-        if self.protocol == Protocol::Auto {
-            match auto_choice(env_set("MC_FORCE_TCP"), env_set("MC_FORCE_HCA")) {
-                AutoChoice::TcpForced => {
-                    tracing::info!(target: "mooncake", "protocol Auto: MC_FORCE_TCP is set; using TCP");
-                    rdma_unavailable = Some("MC_FORCE_TCP is set".to_string());
-                }
-                AutoChoice::RdmaRequired => raw.install_transport("rdma")?,
-                AutoChoice::RdmaIfUsable => {
-                    if let Err(e) = raw.install_transport("rdma") {
-                        tracing::info!(target: "mooncake", "protocol Auto: no usable RDMA NIC ({e}); using TCP");
-                        rdma_unavailable = Some(e.to_string());
-                    }
-                }
-            }
-        }
-        // The CStrings above outlive the call; the engine copied them.
-        Engine::from_shared(EngineShared::new(raw, rdma_unavailable)?)
+        Ok(())
     }
+
+    /// For [`Protocol::Auto`]: installs RDMA when it should and can; returns
+    /// why it did not, if it did not.
+    fn install_auto_transport(&self, raw: &RawEngine) -> Result<Option<String>> {
+        if self.protocol != Protocol::Auto {
+            return Ok(None);
+        }
+        match auto_choice(env_set("MC_FORCE_TCP"), env_set("MC_FORCE_HCA")) {
+            AutoChoice::TcpForced => {
+                tracing::info!(target: "mooncake", "protocol Auto: MC_FORCE_TCP is set; using TCP");
+                Ok(Some("MC_FORCE_TCP is set".to_string()))
+            }
+            AutoChoice::RdmaRequired => raw.install_transport("rdma").map(|()| None),
+            AutoChoice::RdmaIfUsable => match raw.install_transport("rdma") {
+                Ok(()) => Ok(None),
+                Err(e) => {
+                    tracing::info!(target: "mooncake", "protocol Auto: no usable RDMA NIC ({e}); using TCP");
+                    Ok(Some(e.to_string()))
+                }
+            },
+        }
+    }
+}
+
+fn optional_cstring(what: &str, s: Option<&str>) -> Result<Option<OwnedCString>> {
+    s.map(|s| OwnedCString::new(what, s)).transpose()
 }
 
 /// What [`Protocol::Auto`] does, given upstream's overrides.

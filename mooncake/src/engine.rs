@@ -4,37 +4,12 @@ use std::sync::Arc;
 use crate::batch::Batch;
 use crate::config::{EngineBuilder, GpuRegistration};
 use crate::error::Result;
-use crate::ffi::{self, OwnedCString, RawEngine};
+use crate::ffi;
 use crate::memory::{Access, RegisterableMemory, RegisteredSlice, Registration};
 use crate::notify::Notification;
 use crate::rdma::{RdmaCounters, RdmaTopology};
 use crate::segment::RemoteSegment;
-
-/// State shared by an engine and every object made from it. Children hold
-/// an `Arc` of it, so the engine is destroyed only after the last
-/// registration, segment and batch is gone.
-pub(crate) struct EngineShared {
-    pub(crate) raw: RawEngine,
-    segment_name: String,
-    rpc_port: u16,
-    tcp_data_port: u16,
-    /// Why [`Protocol::Auto`](crate::Protocol::Auto) fell back to TCP.
-    rdma_unavailable: Option<String>,
-}
-
-impl EngineShared {
-    pub(crate) fn new(raw: RawEngine, rdma_unavailable: Option<String>) -> Result<Arc<Self>> {
-        let segment_name = raw.segment_name()?;
-        let (rpc_port, tcp_data_port) = raw.ports()?;
-        Ok(Arc::new(Self {
-            raw,
-            segment_name,
-            rpc_port,
-            tcp_data_port,
-            rdma_unavailable,
-        }))
-    }
-}
+use crate::shared::EngineShared;
 
 /// A transfer engine: it owns one local segment (the memory registered with
 /// it, served to peers) and initiates transfers to remote segments.
@@ -62,9 +37,9 @@ impl Engine {
         EngineBuilder::default()
     }
 
-    pub(crate) fn from_shared(shared: Arc<EngineShared>) -> Result<Self> {
+    fn from_shared(shared: Arc<EngineShared>) -> Self {
         tracing::debug!(target: "mooncake", segment = %shared.segment_name, "engine started");
-        Ok(Self { shared })
+        Self { shared }
     }
 
     /// This engine's segment name, `"<host>:<handshake port>"`: what peers
@@ -264,9 +239,15 @@ impl Engine {
     pub fn notifications(&self) -> Result<Vec<Notification>> {
         self.shared.raw.drain_notifications()
     }
+}
 
-    pub(crate) fn cstring(what: &str, s: &str) -> Result<OwnedCString> {
-        OwnedCString::new(what, s)
+impl EngineBuilder {
+    /// Starts the engine: binds its listeners and installs the transport.
+    //
+    // Defined here rather than in `config` so that the configuration layer
+    // never has to name the `Engine` that sits above it.
+    pub fn build(self) -> Result<Engine> {
+        Ok(Engine::from_shared(self.start()?))
     }
 }
 

@@ -138,12 +138,41 @@ impl fmt::Display for ErrorCode {
         match self {
             Self::NotSupportedTransport => write!(f, "STATUS_NOT_SUPPORTED_TRANSPORT"),
             Self::Unknown(c) => write!(f, "unknown code {c}"),
-            other => write!(
-                f,
-                "{} ({})",
-                crate::ffi::error_name(other.raw()),
-                other.raw()
-            ),
+            other => write!(f, "{} ({})", other.engine_name(), other.raw()),
+        }
+    }
+}
+
+impl ErrorCode {
+    /// The engine's symbolic name for a known code (what `mc_error_name`
+    /// returns; kept here so this bottom module needs no FFI call, and
+    /// checked against the engine by a test in `ffi`).
+    pub(crate) fn engine_name(self) -> &'static str {
+        match self {
+            Self::InvalidArgument => "ERR_INVALID_ARGUMENT",
+            Self::TooManyRequests => "ERR_TOO_MANY_REQUESTS",
+            Self::AddressNotRegistered => "ERR_ADDRESS_NOT_REGISTERED",
+            Self::BatchBusy => "ERR_BATCH_BUSY",
+            Self::DeviceNotFound => "ERR_DEVICE_NOT_FOUND",
+            Self::AddressOverlapped => "ERR_ADDRESS_OVERLAPPED",
+            Self::NotSupportedTransport => "STATUS_NOT_SUPPORTED_TRANSPORT",
+            Self::Dns => "ERR_DNS",
+            Self::Socket => "ERR_SOCKET",
+            Self::MalformedJson => "ERR_MALFORMED_JSON",
+            Self::RejectHandshake => "ERR_REJECT_HANDSHAKE",
+            Self::Metadata => "ERR_METADATA",
+            Self::Endpoint => "ERR_ENDPOINT",
+            Self::Context => "ERR_CONTEXT",
+            Self::Numa => "ERR_NUMA",
+            Self::Clock => "ERR_CLOCK",
+            Self::Memory => "ERR_MEMORY",
+            Self::NotImplemented => "ERR_NOT_IMPLEMENTED",
+            Self::Timeout => "MC_ERR_TIMEOUT",
+            Self::Shutdown => "MC_ERR_SHUTDOWN",
+            Self::BufferTooSmall => "MC_ERR_BUFFER_TOO_SMALL",
+            Self::Internal => "MC_ERR_INTERNAL",
+            Self::TransferFailed => "MC_ERR_TRANSFER_FAILED",
+            Self::Unknown(_) => "UNKNOWN",
         }
     }
 }

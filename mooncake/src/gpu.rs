@@ -14,9 +14,9 @@
 //! CUDA IPC, or within one engine by the copy engines.
 use std::os::fd::OwnedFd;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ffi::{self, DeviceAlloc};
-use crate::memory::LocalMemory;
+use crate::memory::{LocalMemory, RegisterableMemory};
 
 /// The CUDA major this build targets (`Some(12)`, `Some(13)`), or None for
 /// a CPU-only build.
@@ -44,13 +44,21 @@ pub struct GpuInfo {
 
 /// Probes the GPU support (once per process; cheap afterwards).
 pub fn info() -> GpuInfo {
-    ffi::gpu_query()
+    let (info, probe_ok, reason) = ffi::gpu_query();
+    GpuInfo {
+        build_cuda_major: (info.build_cuda_major > 0).then_some(info.build_cuda_major as u32),
+        runtime_version: info.runtime_version,
+        driver_version: info.driver_version,
+        device_count: info.device_count.max(0) as u32,
+        usable: probe_ok && info.usable != 0,
+        reason: (!reason.is_empty()).then_some(reason),
+    }
 }
 
 /// An owned device allocation (`cudaMalloc`), registrable like a
 /// [`HostBuffer`](crate::HostBuffer).
 pub struct DeviceBuffer {
-    pub(crate) alloc: DeviceAlloc,
+    alloc: DeviceAlloc,
 }
 
 impl std::fmt::Debug for DeviceBuffer {
@@ -67,7 +75,7 @@ impl DeviceBuffer {
     /// Allocates `len` bytes on GPU `device`.
     pub fn new(device: u32, len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(crate::Error::InvalidArgument(
+            return Err(Error::InvalidArgument(
                 "a device buffer needs at least one byte".into(),
             ));
         }
@@ -126,10 +134,53 @@ pub fn export_dmabuf<L: LocalMemory + ?Sized>(
 ) -> Result<Dmabuf> {
     let region = crate::memory::region_of(memory);
     if offset.checked_add(len).is_none_or(|e| e > region.len()) {
-        return Err(crate::Error::InvalidArgument(format!(
+        return Err(Error::InvalidArgument(format!(
             "range of {len} bytes at offset {offset} exceeds the registered {} bytes",
             region.len()
         )));
     }
-    ffi::gpu_dmabuf_export(region.ptr().wrapping_add(offset), len)
+    let (fd, out) = ffi::gpu_dmabuf_export(region.ptr().wrapping_add(offset), len)?;
+    Ok(Dmabuf {
+        fd,
+        device: out.device as u32,
+        offset: out.offset,
+        base: out.base,
+        size: out.size,
+    })
+}
+
+// SAFETY: a cudaMalloc allocation never moves, is valid for `len()` bytes and
+// is owned by the DeviceBuffer alone.
+unsafe impl RegisterableMemory for DeviceBuffer {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.alloc.ptr()
+    }
+    fn len(&self) -> usize {
+        self.alloc.len()
+    }
+}
+
+#[cfg(any(feature = "cuda12", feature = "cuda13"))]
+// SAFETY: a CudaSlice's device allocation never moves while the slice lives,
+// is valid for `num_bytes()` bytes and is owned by the slice.
+unsafe impl RegisterableMemory for cudarc::driver::CudaSlice<u8> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        use cudarc::driver::DevicePtrMut;
+        let stream = self.stream().clone();
+        let (ptr, _record) = self.device_ptr_mut(&stream);
+        ptr as usize as *mut u8
+    }
+    fn len(&self) -> usize {
+        self.num_bytes()
+    }
+    fn prepare_transfer(&self) -> Result<()> {
+        // NIC and copy-engine DMA ignore CUDA stream order: finish the work
+        // queued on the slice's stream before a transfer reads or fills it.
+        self.stream().synchronize().map_err(|e| {
+            Error::InvalidArgument(format!("synchronizing the buffer's CUDA stream: {e:?}"))
+        })
+    }
+    fn needs_prepare(&self) -> bool {
+        true
+    }
 }

@@ -102,10 +102,13 @@ mod engine;
 mod error;
 mod ffi;
 pub mod gpu;
+#[cfg(test)]
+mod layering;
 mod memory;
 mod notify;
 pub mod rdma;
 mod segment;
+mod shared;
 
 pub use batch::{Batch, Opcode, Statuses, TaskStatus};
 pub use config::{EngineBuilder, GpuRegistration, Metadata, Protocol, TcpVersion};

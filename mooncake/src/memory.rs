@@ -27,9 +27,10 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::EngineShared;
 use crate::error::Result;
+pub use crate::ffi::RegisterableMemory;
 use crate::ffi::{BorrowedRegion, OwnedRegion, PageAlignedAlloc, RegisteredRegion};
+use crate::shared::EngineShared;
 
 /// Whether peers may read and write a registered buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,32 +41,17 @@ pub enum Access {
     RemoteAccessible,
 }
 
-/// Memory whose address and length stay fixed while the value exists, so it
-/// can be registered and owned by a [`Registration`].
-///
-/// # Safety
-/// `as_mut_ptr` must return a pointer valid for reads and writes of `len()`
-/// bytes that does not change while the value lives, even when the value is
-/// moved, and the value must own that memory exclusively. `Sync` is required
-/// because a batch in flight holds a shared reference to the memory (for its
-/// stream sync) and batches may be polled from any thread.
-pub unsafe trait RegisterableMemory: Send + Sync + 'static {
-    /// Start of the memory.
-    fn as_mut_ptr(&mut self) -> *mut u8;
-    /// Length in bytes.
-    fn len(&self) -> usize;
-    /// Whether the memory is empty (it cannot be registered then).
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Makes work queued on this memory (a GPU stream) complete before a
-    /// transfer reads or fills it; called at each submit that uses it.
-    fn prepare_transfer(&self) -> Result<()> {
-        Ok(())
-    }
-    /// Whether [`prepare_transfer`](Self::prepare_transfer) has work to do.
-    fn needs_prepare(&self) -> bool {
-        false
+/// Whether a region registered with `access` is published to peers (the
+/// FFI layer speaks in that flag).
+fn remotely(access: Access) -> bool {
+    access == Access::RemoteAccessible
+}
+
+fn access_of(region: &RegisteredRegion) -> Access {
+    if region.remote_accessible() {
+        Access::RemoteAccessible
+    } else {
+        Access::LocalOnly
     }
 }
 
@@ -86,14 +72,6 @@ impl HostBuffer {
     /// The page size used for alignment.
     pub fn alignment() -> usize {
         crate::ffi::page_size()
-    }
-
-    pub(crate) fn alloc(&self) -> &PageAlignedAlloc {
-        &self.alloc
-    }
-
-    pub(crate) fn alloc_mut(&mut self) -> &mut PageAlignedAlloc {
-        &mut self.alloc
     }
 }
 
@@ -116,6 +94,38 @@ impl Deref for HostBuffer {
 impl DerefMut for HostBuffer {
     fn deref_mut(&mut self) -> &mut [u8] {
         self.alloc.as_mut_slice()
+    }
+}
+
+// SAFETY: a HostBuffer's allocation never moves while the value exists, it
+// is valid for `len()` bytes, and the value owns it exclusively.
+unsafe impl RegisterableMemory for HostBuffer {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.alloc.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.alloc.len()
+    }
+}
+
+// SAFETY: a Vec's heap buffer does not move when the Vec is moved, and it is
+// never reallocated while we own it (nothing can push to it).
+unsafe impl RegisterableMemory for Vec<u8> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        Vec::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+// SAFETY: a boxed slice's heap buffer does not move when the box is moved.
+unsafe impl RegisterableMemory for Box<[u8]> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
     }
 }
 
@@ -161,7 +171,7 @@ pub trait LocalMemory: sealed::Sealed + Sync {
     }
     /// Whether peers may access it.
     fn access(&self) -> Access {
-        self.region().access()
+        access_of(self.region())
     }
     /// The GPU it lives on, or None for host memory.
     fn device(&self) -> Option<u32> {
@@ -180,7 +190,7 @@ impl<M: RegisterableMemory> std::fmt::Debug for Registration<M> {
         f.debug_struct("Registration")
             .field("addr", &format_args!("{:#x}", r.addr()))
             .field("len", &r.len())
-            .field("access", &r.access())
+            .field("access", &access_of(r))
             .finish()
     }
 }
@@ -193,7 +203,7 @@ impl<M: RegisterableMemory> Registration<M> {
         access: Access,
     ) -> Result<Self> {
         Ok(Self {
-            inner: OwnedRegion::new(engine, memory, location, access)?,
+            inner: OwnedRegion::new(engine.raw.clone(), memory, location, remotely(access))?,
         })
     }
 
@@ -281,7 +291,7 @@ impl<'a> RegisteredSlice<'a> {
         access: Access,
     ) -> Result<Self> {
         Ok(Self {
-            inner: BorrowedRegion::new(engine, buffer, access)?,
+            inner: BorrowedRegion::new(engine.raw.clone(), buffer, remotely(access))?,
             prepare: None,
         })
     }
@@ -291,7 +301,8 @@ impl<'a> RegisteredSlice<'a> {
         memory: &'a mut M,
         access: Access,
     ) -> Result<Self> {
-        let (inner, memory) = BorrowedRegion::new_memory(engine, memory, access)?;
+        let (inner, memory) =
+            BorrowedRegion::new_memory(engine.raw.clone(), memory, remotely(access))?;
         let prepare = memory
             .needs_prepare()
             .then_some(memory as &dyn RegisterableMemory);
@@ -317,7 +328,7 @@ impl std::fmt::Debug for RegisteredSlice<'_> {
         f.debug_struct("RegisteredSlice")
             .field("addr", &format_args!("{:#x}", r.addr()))
             .field("len", &r.len())
-            .field("access", &r.access())
+            .field("access", &access_of(r))
             .finish()
     }
 }

@@ -1,8 +1,9 @@
 //! Remote segments.
 use std::sync::Arc;
 
-use crate::engine::{Engine, EngineShared};
 use crate::error::Result;
+use crate::ffi::OwnedCString;
+use crate::shared::EngineShared;
 
 /// A buffer a remote segment publishes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +43,7 @@ impl std::fmt::Debug for RemoteSegment {
 
 impl RemoteSegment {
     pub(crate) fn open(engine: Arc<EngineShared>, name: &str, fresh: bool) -> Result<Self> {
-        let c = Engine::cstring("segment name", name)?;
+        let c = OwnedCString::new("segment name", name)?;
         let id = engine.raw.open_segment(&c, fresh)?;
         tracing::debug!(target: "mooncake", segment = name, id, "segment opened");
         Ok(Self {
@@ -91,7 +92,7 @@ impl RemoteSegment {
 
     /// Re-fetches its descriptor (new buffers, a restarted peer).
     pub fn refresh(&mut self) -> Result<()> {
-        let c = Engine::cstring("segment name", &self.name)?;
+        let c = OwnedCString::new("segment name", &self.name)?;
         self.engine.raw.open_segment(&c, true)?;
         Ok(())
     }
@@ -103,8 +104,8 @@ impl RemoteSegment {
 
     /// Sends a notification to the owner now.
     pub fn notify(&self, name: &str, message: &str) -> Result<()> {
-        let n = Engine::cstring("notification name", name)?;
-        let m = Engine::cstring("notification message", message)?;
+        let n = OwnedCString::new("notification name", name)?;
+        let m = OwnedCString::new("notification message", message)?;
         self.engine.raw.notify(self.id, &n, &m)
     }
 }

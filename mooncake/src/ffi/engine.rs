@@ -551,14 +551,6 @@ pub(crate) fn engine_version() -> &'static str {
         .unwrap_or("?")
 }
 
-/// Symbolic name of an engine error or status code.
-pub(crate) fn error_name(code: i32) -> &'static str {
-    // SAFETY: returns a pointer to a static NUL-terminated string.
-    unsafe { CStr::from_ptr(sys::mc_error_name(code)) }
-        .to_str()
-        .unwrap_or("UNKNOWN")
-}
-
 /// The queued requests of a batch. The raw pointers inside are addresses of
 /// registered memory, handed to the engine and never dereferenced by Rust.
 #[derive(Default)]

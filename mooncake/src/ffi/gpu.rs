@@ -7,7 +7,6 @@ use mooncake_sys as sys;
 
 use super::engine::last_error;
 use crate::error::Result;
-use crate::gpu::{Dmabuf, GpuInfo};
 
 fn check(rc: i32) -> Result<()> {
     if rc == 0 {
@@ -17,7 +16,9 @@ fn check(rc: i32) -> Result<()> {
     }
 }
 
-pub(crate) fn query() -> GpuInfo {
+/// The engine's GPU probe: its raw answer, whether the probe succeeded,
+/// and the reason it gave (empty when none).
+pub(crate) fn query() -> (sys::mc_gpu_info_t, bool, String) {
     let mut info = sys::mc_gpu_info_t::default();
     let mut reason = [0 as c_char; 512];
     // SAFETY: both out-parameters are valid for writing; the engine
@@ -27,14 +28,7 @@ pub(crate) fn query() -> GpuInfo {
     let reason = unsafe { CStr::from_ptr(reason.as_ptr()) }
         .to_string_lossy()
         .into_owned();
-    GpuInfo {
-        build_cuda_major: (info.build_cuda_major > 0).then_some(info.build_cuda_major as u32),
-        runtime_version: info.runtime_version,
-        driver_version: info.driver_version,
-        device_count: info.device_count.max(0) as u32,
-        usable: rc == 0 && info.usable != 0,
-        reason: (!reason.is_empty()).then_some(reason),
-    }
+    (info, rc == 0, reason)
 }
 
 /// The GPU that owns `ptr`, or None for host memory.
@@ -103,18 +97,14 @@ pub(crate) unsafe fn memset(device: u32, dst: *mut u8, value: u8, len: usize) ->
     check(unsafe { sys::mc_gpu_memset(device as i32, dst.cast(), i32::from(value), len) })
 }
 
-pub(crate) fn dmabuf_export(ptr: *const u8, len: usize) -> Result<Dmabuf> {
+/// Exports the allocation holding `ptr..ptr+len`: the fd, now ours, and the
+/// engine's description of the range.
+pub(crate) fn dmabuf_export(ptr: *const u8, len: usize) -> Result<(OwnedFd, sys::mc_dmabuf_t)> {
     let mut out = sys::mc_dmabuf_t::default();
     // SAFETY: only reads the allocation's attributes; `out` is writable.
     check(unsafe { sys::mc_gpu_dmabuf_export(ptr.cast(), len, &mut out) })?;
     // SAFETY: on success the engine hands us a fresh fd that nobody else
     // owns.
     let fd = unsafe { OwnedFd::from_raw_fd(out.fd) };
-    Ok(Dmabuf {
-        fd,
-        device: out.device as u32,
-        offset: out.offset,
-        base: out.base,
-        size: out.size,
-    })
+    Ok((fd, out))
 }

@@ -7,11 +7,9 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::EngineShared;
 use crate::error::{Error, Result};
-use crate::memory::{Access, HostBuffer, RegisterableMemory};
 
-use super::engine::OwnedCString;
+use super::engine::{OwnedCString, RawEngine};
 
 /// The system page size.
 pub(crate) fn page_size() -> usize {
@@ -93,10 +91,10 @@ impl Drop for PageAlignedAlloc {
 /// unmoved until this value is dropped (see `register`).
 #[doc(hidden)]
 pub struct RegisteredRegion {
-    engine: Arc<EngineShared>,
+    engine: Arc<RawEngine>,
     ptr: *mut u8,
     len: usize,
-    access: Access,
+    remote_accessible: bool,
     device: Option<u32>,
     registered: bool,
 }
@@ -117,11 +115,11 @@ impl RegisteredRegion {
     /// move, and must not be freed or otherwise accessed through references
     /// until the returned region has been dropped.
     pub(crate) unsafe fn register(
-        engine: Arc<EngineShared>,
+        engine: Arc<RawEngine>,
         ptr: *mut u8,
         len: usize,
         location: &str,
-        access: Access,
+        remote_accessible: bool,
     ) -> Result<Self> {
         if len == 0 {
             return Err(Error::InvalidArgument(
@@ -130,11 +128,7 @@ impl RegisteredRegion {
         }
         let loc = OwnedCString::new("location", location)?;
         // SAFETY: forwarded from this function's contract.
-        unsafe {
-            engine
-                .raw
-                .register(ptr, len, &loc, access == Access::RemoteAccessible)?
-        };
+        unsafe { engine.register(ptr, len, &loc, remote_accessible)? };
         // The engine classified the pointer the same way; device memory is
         // then only ever touched through GPU copies.
         let device = super::gpu::pointer_device(ptr);
@@ -142,7 +136,7 @@ impl RegisteredRegion {
             engine,
             ptr,
             len,
-            access,
+            remote_accessible,
             device,
             registered: true,
         })
@@ -152,12 +146,12 @@ impl RegisteredRegion {
         self.device
     }
 
-    pub(crate) fn engine(&self) -> &Arc<EngineShared> {
+    pub(crate) fn engine(&self) -> &Arc<RawEngine> {
         &self.engine
     }
 
     pub(crate) fn location(&self) -> Result<String> {
-        self.engine.raw.memory_location(self.ptr)
+        self.engine.memory_location(self.ptr)
     }
 
     pub(crate) fn addr(&self) -> u64 {
@@ -172,8 +166,8 @@ impl RegisteredRegion {
         self.len
     }
 
-    pub(crate) fn access(&self) -> Access {
-        self.access
+    pub(crate) fn remote_accessible(&self) -> bool {
+        self.remote_accessible
     }
 
     fn check_range(&self, offset: usize, n: usize) -> Result<()> {
@@ -251,7 +245,7 @@ impl RegisteredRegion {
                 "GPU memory cannot be borrowed as a host slice; use read_at/write_at".into(),
             ));
         }
-        if self.access == Access::RemoteAccessible {
+        if self.remote_accessible {
             return Err(Error::InvalidArgument(
                 "remote-accessible memory may be written by peers at any time; use read_at/write_at \
                  or take the memory back with into_inner()"
@@ -261,7 +255,7 @@ impl RegisteredRegion {
         // Batches borrow the registration, so `&mut self` means none is alive;
         // a leaked batch may still be running, which the engine's pin count
         // tells us. Local-only memory is pinned by our own transfers only.
-        self.engine.raw.wait_region_idle(self.ptr, timeout)?;
+        self.engine.wait_region_idle(self.ptr, timeout)?;
         // SAFETY: the memory is valid for `len` bytes; `&mut self` excludes
         // other Rust access; local-only memory is never written by peers and
         // no transfer of ours touches it now (checked above) or can start
@@ -275,7 +269,7 @@ impl RegisteredRegion {
         if !self.registered {
             return Ok(());
         }
-        self.engine.raw.unregister(self.ptr)?;
+        self.engine.unregister(self.ptr)?;
         self.registered = false;
         Ok(())
     }
@@ -354,6 +348,37 @@ unsafe fn atomic_copy_in(dst: *mut u8, data: &[u8]) {
     }
 }
 
+// The registration contract: defined in the FFI layer, which relies on
+// it, and re-exported by `memory` as part of the public API.
+/// Memory whose address and length stay fixed while the value exists, so it
+/// can be registered and owned by a [`Registration`](crate::Registration).
+///
+/// # Safety
+/// `as_mut_ptr` must return a pointer valid for reads and writes of `len()`
+/// bytes that does not change while the value lives, even when the value is
+/// moved, and the value must own that memory exclusively. `Sync` is required
+/// because a batch in flight holds a shared reference to the memory (for its
+/// stream sync) and batches may be polled from any thread.
+pub unsafe trait RegisterableMemory: Send + Sync + 'static {
+    /// Start of the memory.
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the memory is empty (it cannot be registered then).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Makes work queued on this memory (a GPU stream) complete before a
+    /// transfer reads or fills it; called at each submit that uses it.
+    fn prepare_transfer(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Whether [`prepare_transfer`](Self::prepare_transfer) has work to do.
+    fn needs_prepare(&self) -> bool {
+        false
+    }
+}
+
 /// Memory owned together with its registration. Dropping unregisters first
 /// (waiting for in-flight transfers) and frees the memory after; if
 /// unregistering fails the memory is leaked rather than freed.
@@ -364,10 +389,10 @@ pub(crate) struct OwnedRegion<M: RegisterableMemory> {
 
 impl<M: RegisterableMemory> OwnedRegion<M> {
     pub(crate) fn new(
-        engine: Arc<EngineShared>,
+        engine: Arc<RawEngine>,
         mut memory: M,
         location: &str,
-        access: Access,
+        remote_accessible: bool,
     ) -> Result<Self> {
         let ptr = memory.as_mut_ptr();
         let len = memory.len();
@@ -376,7 +401,8 @@ impl<M: RegisterableMemory> OwnedRegion<M> {
         // moved; we own `memory` and drop it only after the region is
         // unregistered (see `Drop`), and never hand out references to it
         // while registered.
-        let region = unsafe { RegisteredRegion::register(engine, ptr, len, location, access)? };
+        let region =
+            unsafe { RegisteredRegion::register(engine, ptr, len, location, remote_accessible)? };
         Ok(Self {
             region,
             memory: ManuallyDrop::new(memory),
@@ -436,16 +462,22 @@ pub(crate) struct BorrowedRegion<'a> {
 
 impl<'a> BorrowedRegion<'a> {
     pub(crate) fn new(
-        engine: Arc<EngineShared>,
+        engine: Arc<RawEngine>,
         buffer: &'a mut [u8],
-        access: Access,
+        remote_accessible: bool,
     ) -> Result<Self> {
         // SAFETY: `buffer` is valid for its length for 'a, and exclusively
         // ours for 'a; the region is dropped (unregistered, which waits for
         // every transfer) before 'a ends, and aborts the process if that ever
         // fails (see `RegisteredRegion::drop`).
         let region = unsafe {
-            RegisteredRegion::register(engine, buffer.as_mut_ptr(), buffer.len(), "*", access)?
+            RegisteredRegion::register(
+                engine,
+                buffer.as_mut_ptr(),
+                buffer.len(),
+                "*",
+                remote_accessible,
+            )?
         };
         Ok(Self {
             region,
@@ -456,9 +488,9 @@ impl<'a> BorrowedRegion<'a> {
     /// Registers borrowed registrable memory (a GPU buffer, ...); hands the
     /// borrow back as a shared reference for its prepare hook.
     pub(crate) fn new_memory<M: RegisterableMemory>(
-        engine: Arc<EngineShared>,
+        engine: Arc<RawEngine>,
         memory: &'a mut M,
-        access: Access,
+        remote_accessible: bool,
     ) -> Result<(Self, &'a M)> {
         let ptr = memory.as_mut_ptr();
         let len = memory.len();
@@ -466,7 +498,8 @@ impl<'a> BorrowedRegion<'a> {
         // address is stable (RegisterableMemory), and the region is
         // unregistered before 'a ends. The shared reborrow below is only
         // used for `prepare_transfer`, never to reach the bytes.
-        let region = unsafe { RegisteredRegion::register(engine, ptr, len, "*", access)? };
+        let region =
+            unsafe { RegisteredRegion::register(engine, ptr, len, "*", remote_accessible)? };
         Ok((
             Self {
                 region,
@@ -478,38 +511,6 @@ impl<'a> BorrowedRegion<'a> {
 
     pub(crate) fn region(&self) -> &RegisteredRegion {
         &self.region
-    }
-}
-
-// SAFETY: a HostBuffer's allocation never moves while the value exists, it
-// is valid for `len()` bytes, and the value owns it exclusively.
-unsafe impl RegisterableMemory for HostBuffer {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.alloc_mut().as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.alloc().len()
-    }
-}
-
-// SAFETY: a Vec's heap buffer does not move when the Vec is moved, and it is
-// never reallocated while we own it (nothing can push to it).
-unsafe impl RegisterableMemory for Vec<u8> {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        Vec::as_mut_ptr(self)
-    }
-    fn len(&self) -> usize {
-        Vec::len(self)
-    }
-}
-
-// SAFETY: a boxed slice's heap buffer does not move when the box is moved.
-unsafe impl RegisterableMemory for Box<[u8]> {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        <[u8]>::as_mut_ptr(self)
-    }
-    fn len(&self) -> usize {
-        <[u8]>::len(self)
     }
 }
 
@@ -538,40 +539,4 @@ pub(crate) fn device_copy_out(a: &super::DeviceAlloc, offset: usize, out: &mut [
     }
     // SAFETY: as above, copying the other way.
     unsafe { super::gpu::copy(out.as_mut_ptr(), a.ptr().add(offset), out.len()) }
-}
-
-// SAFETY: a cudaMalloc allocation never moves, is valid for `len()` bytes and
-// is owned by the DeviceBuffer alone.
-unsafe impl RegisterableMemory for crate::gpu::DeviceBuffer {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.alloc.ptr()
-    }
-    fn len(&self) -> usize {
-        self.alloc.len()
-    }
-}
-
-#[cfg(any(feature = "cuda12", feature = "cuda13"))]
-// SAFETY: a CudaSlice's device allocation never moves while the slice lives,
-// is valid for `num_bytes()` bytes and is owned by the slice.
-unsafe impl RegisterableMemory for cudarc::driver::CudaSlice<u8> {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        use cudarc::driver::DevicePtrMut;
-        let stream = self.stream().clone();
-        let (ptr, _record) = self.device_ptr_mut(&stream);
-        ptr as usize as *mut u8
-    }
-    fn len(&self) -> usize {
-        self.num_bytes()
-    }
-    fn prepare_transfer(&self) -> Result<()> {
-        // NIC and copy-engine DMA ignore CUDA stream order: finish the work
-        // queued on the slice's stream before a transfer reads or fills it.
-        self.stream().synchronize().map_err(|e| {
-            Error::InvalidArgument(format!("synchronizing the buffer's CUDA stream: {e:?}"))
-        })
-    }
-    fn needs_prepare(&self) -> bool {
-        true
-    }
 }

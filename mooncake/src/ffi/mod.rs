@@ -15,9 +15,33 @@ mod gpu;
 mod log;
 mod memory;
 
-pub(crate) use engine::{engine_version, error_name, OwnedCString, RawEngine, RequestBuf};
+pub(crate) use engine::{engine_version, OwnedCString, RawEngine, RequestBuf};
 pub(crate) use gpu::{dmabuf_export as gpu_dmabuf_export, query as gpu_query, DeviceAlloc};
 pub(crate) use log::install_log_sink;
-pub use memory::RegisteredRegion;
 pub(crate) use memory::{device_copy_in, device_copy_out};
 pub(crate) use memory::{page_size, BorrowedRegion, OwnedRegion, PageAlignedAlloc};
+pub use memory::{RegisterableMemory, RegisteredRegion};
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CStr;
+
+    use mooncake_sys as sys;
+
+    use crate::error::ErrorCode;
+
+    /// `ErrorCode::engine_name` keeps its own table so that `error` needs no
+    /// FFI call; it must agree with the engine's.
+    #[test]
+    fn error_names_match_the_engine() {
+        for raw in [
+            -1, -2, -3, -4, -6, -7, -101, -102, -103, -104, -200, -201, -202, -300, -301, -302,
+            -303, -1001, -1002, -1003, -1004, -1005,
+        ] {
+            // SAFETY: returns a pointer to a static NUL-terminated string.
+            let engine = unsafe { CStr::from_ptr(sys::mc_error_name(raw)) };
+            let code = ErrorCode::from_raw(raw);
+            assert_eq!(engine.to_str().ok(), Some(code.engine_name()), "{raw}");
+        }
+    }
+}
