@@ -159,56 +159,8 @@ impl Producer {
             in_flight: Default::default(),
             sessions: Mutex::new(HashMap::new()),
         });
-        let (tx, mut rx) = socket.split();
-        let serve = {
-            let inner = inner.clone();
-            tokio::spawn(async move {
-                loop {
-                    let msg = match rx.recv().await {
-                        Ok(m) => m,
-                        Err(e) => {
-                            tracing::debug!(target: "mooncake_connector::producer", "side channel closed: {e}");
-                            break;
-                        }
-                    };
-                    let frames: Vec<Bytes> = msg.into_vec();
-                    if frames.len() != 2 {
-                        tracing::warn!(target: "mooncake_connector::producer",
-                            "dropping a side-channel message with {} frames (expected identity + payload)", frames.len());
-                        continue;
-                    }
-                    // A pull waiting for its prefill holds no handler slot:
-                    // only the writes are bounded (by `num_workers`), and
-                    // the number of pulls in flight is capped.
-                    let (inner, mut tx) = (inner.clone(), tx.clone());
-                    let Some(ticket) = InFlight::take(&inner.in_flight) else {
-                        tracing::warn!(target: "mooncake_connector::producer",
-                            "refusing a pull: {MAX_PULLS_IN_FLIGHT} pulls in flight");
-                        let mut msg = ZmqMessage::from(frames[0].clone());
-                        msg.push_back(Bytes::from(encode(&XferResponse::error(format!(
-                            "prefill worker busy: {MAX_PULLS_IN_FLIGHT} pulls in flight"
-                        )))));
-                        let _ = tx.send(msg).await;
-                        continue;
-                    };
-                    tokio::spawn(async move {
-                        let _ticket = ticket;
-                        handle_message(inner, frames[0].clone(), frames[1].clone(), tx).await;
-                    });
-                }
-            })
-        };
-        let sweep = {
-            let inner = inner.clone();
-            tokio::spawn(async move {
-                let period = (inner.ctx.env.abort_request_timeout / 8)
-                    .clamp(Duration::from_millis(50), Duration::from_secs(5));
-                loop {
-                    tokio::time::sleep(period).await;
-                    inner.sweep();
-                }
-            })
-        };
+        let serve = spawn_receiver(inner.clone(), socket);
+        let sweep = spawn_sweep(inner.clone());
         tracing::info!(target: "mooncake_connector::producer", addr = %addr,
             tp_rank = inner.ctx.layout.tp_rank, "side channel listening");
         Ok(Self {
@@ -310,4 +262,57 @@ impl Drop for Producer {
             t.abort();
         }
     }
+}
+
+/// Receives pull messages and serves each on its own task, refusing
+/// them once `MAX_PULLS_IN_FLIGHT` are in flight.
+fn spawn_receiver(inner: Arc<Inner>, socket: zeromq::RouterSocket) -> tokio::task::JoinHandle<()> {
+    let (tx, mut rx) = socket.split();
+    tokio::spawn(async move {
+        loop {
+            let msg = match rx.recv().await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(target: "mooncake_connector::producer", "side channel closed: {e}");
+                    break;
+                }
+            };
+            let frames: Vec<Bytes> = msg.into_vec();
+            if frames.len() != 2 {
+                tracing::warn!(target: "mooncake_connector::producer",
+                    "dropping a side-channel message with {} frames (expected identity + payload)", frames.len());
+                continue;
+            }
+            // A pull waiting for its prefill holds no handler slot:
+            // only the writes are bounded (by `num_workers`), and
+            // the number of pulls in flight is capped.
+            let (inner, mut tx) = (inner.clone(), tx.clone());
+            let Some(ticket) = InFlight::take(&inner.in_flight) else {
+                tracing::warn!(target: "mooncake_connector::producer",
+                    "refusing a pull: {MAX_PULLS_IN_FLIGHT} pulls in flight");
+                let mut msg = ZmqMessage::from(frames[0].clone());
+                msg.push_back(Bytes::from(encode(&XferResponse::error(format!(
+                    "prefill worker busy: {MAX_PULLS_IN_FLIGHT} pulls in flight"
+                )))));
+                let _ = tx.send(msg).await;
+                continue;
+            };
+            tokio::spawn(async move {
+                let _ticket = ticket;
+                handle_message(inner, frames[0].clone(), frames[1].clone(), tx).await;
+            });
+        }
+    })
+}
+
+/// Runs the expiry sweep every eighth of the abort timeout (50 ms to 5 s).
+fn spawn_sweep(inner: Arc<Inner>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let period = (inner.ctx.env.abort_request_timeout / 8)
+            .clamp(Duration::from_millis(50), Duration::from_secs(5));
+        loop {
+            tokio::time::sleep(period).await;
+            inner.sweep();
+        }
+    })
 }
