@@ -9,4 +9,5 @@ pub mod kv_check;
 pub mod kv_layouts;
 pub mod model;
 pub mod proxy;
+pub mod request;
 pub mod server;
