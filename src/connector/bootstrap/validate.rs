@@ -151,6 +151,8 @@ fn lax_int(v: &serde_json::Value) -> Result<i64, (&'static str, &'static str)> {
 /// Parses a `/register` body as vLLM's pydantic model would: Err is the
 /// status and the JSON answer (422 in FastAPI's shape, or 400 for ranks and
 /// sizes out of range).
+// Long on purpose: it walks the fields as pydantic does, collecting every
+// error before answering, which splits poorly.
 pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, (u16, serde_json::Value)> {
     let v: serde_json::Value = match serde_json::from_slice(body) {
         Ok(v) => v,
