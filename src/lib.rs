@@ -2,8 +2,9 @@
 //! router runs on top of the [`mooncake`] crate to take part in
 //! prefill/decode disaggregation (a vLLM `MooncakeConnector` equivalent).
 //!
-//! The connector itself comes with the connector issue; today this package
-//! holds the pieces that tests, examples and the `mooncake-peer` tool share.
+//! [`connector::Connector::start`] is the entry point; [`sim`] is a
+//! simulated serving engine built on it, and [`testkit`] and
+//! [`peer_protocol`] hold what tests, examples and `mooncake-peer` share.
 #![deny(missing_docs)]
 
 pub mod connector;

@@ -143,6 +143,7 @@ impl KvTransferConfig {
     }
 
     /// Parses an already decoded JSON value.
+    // Long on purpose: one flat block per config key, in vLLM's order.
     pub fn from_value(v: &Value) -> Result<Self, ConnectorError> {
         let obj = v.as_object().ok_or_else(|| {
             ConnectorError::config("kv_transfer_config", "expected a JSON object")

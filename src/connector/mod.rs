@@ -1,7 +1,7 @@
 //! The MooncakeConnector equivalent: configuration, the bootstrap server and
 //! client, the ZMQ side channel with vLLM's msgpack messages, the KV region
-//! and descriptor planning, and the producer (prefill) and consumer (decode)
-//! workers.
+//! and descriptor planning, the producer (prefill) and consumer (decode)
+//! workers, and [`Connector::start`], the entry point that wires them up.
 
 pub mod bootstrap;
 pub mod config;
@@ -10,6 +10,7 @@ pub mod error;
 pub mod producer;
 pub mod protocol;
 pub mod regions;
+pub mod start;
 pub mod stats;
 pub mod worker;
 pub mod zmtp_guard;
@@ -20,5 +21,6 @@ pub use config::{
 pub use consumer::{Consumer, PullOutcome, PullRequest};
 pub use error::{ConnectorError, ConnectorErrorCode};
 pub use producer::{Producer, ProducerEvent};
+pub use start::{Connector, ConnectorOptions, ConnectorRank};
 pub use stats::{ConnectorStats, StatsSnapshot};
 pub use worker::{build_engine, engine_protocol, KvCacheSpec, WorkerContext};

@@ -101,6 +101,8 @@ impl XferMetadata {
     /// Checks every field against sane limits and against each other before
     /// anything is allocated or computed from them; the error names the
     /// field.
+    // Long on purpose: one flat check per wire field, in field order, so
+    // the list reads against the message definition.
     pub fn validate(&self, b: &PullBounds) -> Result<(), ConnectorError> {
         let h = &self.remote_hostname;
         if h.is_empty()

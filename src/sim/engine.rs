@@ -10,18 +10,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::blocks::BlockPool;
+use super::kv_check;
 use super::model::{self, ModelSpec};
-use crate::connector::bootstrap::{
-    BootstrapClient, BootstrapServer, ExpectedTopology, RegisterRequest, RetryPolicy,
+pub use super::request::{
+    GenerateError, GenerateOutput, GenerateRequest, KvSource, KvTransferParams,
 };
+use crate::connector::start::{Connector, ConnectorOptions};
 use crate::connector::{
-    ConnectorEnv, ConnectorError, ConnectorErrorCode, ConnectorStats, Consumer, KvRole,
-    KvTransferConfig, LoadFailurePolicy, Producer, ProducerEvent, PullRequest, WorkerContext,
+    ConnectorEnv, ConnectorError, ConnectorStats, KvRole, KvTransferConfig, LoadFailurePolicy,
+    ProducerEvent, PullRequest,
 };
 
 /// How a simulated engine is set up.
@@ -49,96 +50,6 @@ pub struct SimEngineConfig {
     pub remote_decode_block_budget: usize,
 }
 
-/// `kv_transfer_params` of a request (vLLM's keys).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(default)]
-pub struct KvTransferParams {
-    /// Prefill leg: send the KV to a decoder.
-    pub do_remote_decode: bool,
-    /// Decode leg: pull the KV from a prefiller.
-    pub do_remote_prefill: bool,
-    /// The id shared by both legs.
-    pub transfer_id: Option<String>,
-    /// Decode leg: the prefill engine id.
-    pub remote_engine_id: Option<String>,
-    /// Decode leg: the prefiller's bootstrap server URL.
-    pub remote_bootstrap_addr: Option<String>,
-}
-
-/// One generation request.
-#[derive(Debug, Clone)]
-pub struct GenerateRequest {
-    /// Request id (X-Request-Id or generated).
-    pub request_id: String,
-    /// Prompt text.
-    pub prompt: String,
-    /// Tokens to generate.
-    pub max_tokens: usize,
-    /// `kv_transfer_params`, if any.
-    pub kv: Option<KvTransferParams>,
-}
-
-/// Where the KV a response was decoded from came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KvSource {
-    /// Computed here (prefill, or no transfer requested).
-    Local,
-    /// Received from a prefiller and verified.
-    Remote,
-    /// The transfer failed and the policy said recompute.
-    Recomputed,
-}
-
-/// A finished generation.
-#[derive(Debug, Clone)]
-pub struct GenerateOutput {
-    /// Generated text.
-    pub text: String,
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Generated tokens.
-    pub completion_tokens: usize,
-    /// OpenAI finish reason.
-    pub finish_reason: &'static str,
-    /// KV origin.
-    pub kv_source: KvSource,
-}
-
-/// A failed generation, mapped to an HTTP status.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{kind}: {message}")]
-pub struct GenerateError {
-    /// HTTP status code.
-    pub status: u16,
-    /// OpenAI error type.
-    pub kind: &'static str,
-    /// What went wrong.
-    pub message: String,
-}
-
-impl GenerateError {
-    fn bad_request(m: impl Into<String>) -> Self {
-        Self {
-            status: 400,
-            kind: "invalid_request_error",
-            message: m.into(),
-        }
-    }
-    fn kv(m: impl Into<String>) -> Self {
-        Self {
-            status: 500,
-            kind: "kv_transfer_error",
-            message: m.into(),
-        }
-    }
-}
-
-struct Rank {
-    ctx: Arc<WorkerContext>,
-    producer: Option<Producer>,
-    consumer: Option<Consumer>,
-}
-
 struct Held {
     ranks_left: usize,
     blocks: Vec<u64>,
@@ -148,11 +59,10 @@ struct Held {
 /// A running simulated engine.
 pub struct SimEngine {
     cfg: SimEngineConfig,
-    ranks: Vec<Rank>,
+    connector: Connector,
     pool: BlockPool,
     sched: Semaphore,
     stats: Arc<ConnectorStats>,
-    bootstrap: Option<BootstrapServer>,
     held: Mutex<HashMap<String, Held>>,
     // Blocks reserved against the remote-decode budget (held, or being
     // prefilled for a decoder).
@@ -171,87 +81,22 @@ impl SimEngine {
         cfg.spec
             .validate(cfg.tp)
             .map_err(|e| ConnectorError::config("model geometry", e))?;
-        let role = cfg.kv.kv_role;
-        let stats = Arc::new(ConnectorStats::default());
         let (tx, mut rx) = mpsc::unbounded_channel::<ProducerEvent>();
-        let mut ranks = Vec::new();
-        for rank in 0..cfg.tp {
-            let (kv, env, spec, stats2) = (
-                cfg.kv.clone(),
-                cfg.env.clone(),
-                cfg.spec.cache_spec(cfg.tp),
-                stats.clone(),
-            );
-            let (tp, dp) = (cfg.tp, cfg.dp_rank);
-            let ctx = tokio::task::spawn_blocking(move || {
-                WorkerContext::new(kv, env, spec, tp, rank, dp, stats2)
-            })
-            .await
-            .expect("worker setup task")?;
-            let ctx = Arc::new(ctx);
-            let producer = if role.is_producer() {
-                Some(Producer::start(ctx.clone(), tx.clone()).await?)
-            } else {
-                None
-            };
-            let consumer = role.is_consumer().then(|| Consumer::new(ctx.clone()));
-            ranks.push(Rank {
-                ctx,
-                producer,
-                consumer,
-            });
-        }
-        let mut bootstrap = None;
-        if role.is_producer() {
-            let url = match &cfg.kv.bootstrap_server_address {
-                Some(hp) => hp.url(),
-                None => {
-                    let bind: std::net::SocketAddr =
-                        format!("{}:{}", cfg.env.host_ip, cfg.env.bootstrap_port)
-                            .parse()
-                            .map_err(|e| ConnectorError::config("VLLM_HOST_IP", e))?;
-                    let s = BootstrapServer::start_with_token(
-                        bind,
-                        Some(ExpectedTopology {
-                            dp_size: 1,
-                            tp_size: cfg.tp as u32,
-                            pp_size: 1,
-                        }),
-                        cfg.env.bootstrap_token.clone(),
-                    )
-                    .await?;
-                    let url = s.url();
-                    bootstrap = Some(s);
-                    url
-                }
-            };
-            let client = BootstrapClient::new(cfg.env.connector_timeout, RetryPolicy::default())
-                .with_token(cfg.env.bootstrap_token.clone());
-            for (rank, r) in ranks.iter().enumerate() {
-                let p = r.producer.as_ref().expect("producer");
-                let req = RegisterRequest {
-                    engine_id: cfg.kv.engine_id.clone(),
-                    dp_rank: cfg.dp_rank,
-                    tp_rank: rank as u32,
-                    pp_rank: 0,
-                    addr: p.side_channel_addr().to_string(),
-                    // vLLM's newer server needs tp_size for TP > 1.
-                    tp_size: Some(cfg.tp as u32),
-                    pp_size: Some(1),
-                    dp_size: None,
-                };
-                client.register(&url, &req).await?;
-            }
-            tracing::info!(target: "mooncake_connector::sim", engine_id = %cfg.kv.engine_id, bootstrap = %url,
-                tp = cfg.tp, "prefill workers registered");
-        }
+        let options = ConnectorOptions {
+            kv: cfg.kv.clone(),
+            env: cfg.env.clone(),
+            cache: cfg.spec.cache_spec(cfg.tp),
+            tp: cfg.tp,
+            dp_rank: cfg.dp_rank,
+        };
+        let connector = Connector::start(options, tx).await?;
+        let stats = connector.stats().clone();
         let engine = Arc::new(Self {
             pool: BlockPool::new(cfg.spec.num_blocks),
             sched: Semaphore::new(cfg.max_num_seqs.max(1)),
             cfg,
-            ranks,
+            connector,
             stats,
-            bootstrap,
             held: Mutex::new(HashMap::new()),
             remote_reserved: Mutex::new(0),
             budget_refusals: Default::default(),
@@ -280,7 +125,7 @@ impl SimEngine {
 
     /// The embedded bootstrap server's URL, if this engine runs one.
     pub fn bootstrap_url(&self) -> Option<String> {
-        self.bootstrap.as_ref().map(|b| b.url())
+        self.connector.embedded_bootstrap_url()
     }
 
     /// Counters and block usage as JSON (`GET /metrics`).
@@ -432,58 +277,15 @@ impl SimEngine {
     }
 
     fn fill_kv(&self, tokens: &[u32], blocks: &[u64]) {
-        let spec = &self.cfg.spec;
-        let mut buf = vec![0u8; spec.kv_block_len(self.cfg.tp)];
-        for (rank, r) in self.ranks.iter().enumerate() {
-            for layer in 0..spec.layers {
-                for (i, &b) in blocks.iter().enumerate() {
-                    model::fill_block(spec, self.cfg.tp, rank, layer, tokens, i, &mut buf);
-                    r.ctx
-                        .kv
-                        .write_shared(r.ctx.block_offset(layer, b), &buf)
-                        .expect("block inside the cache");
-                }
-            }
-        }
+        let ranks = self.connector.ranks().iter().map(|r| &*r.ctx);
+        kv_check::fill_kv(&self.cfg.spec, ranks, tokens, blocks).expect("block inside the cache");
     }
 
     /// Checks the KV in `blocks` on every rank; Ok(digest) or the first
     /// wrong (rank, layer, position, head).
     fn verify_kv(&self, tokens: &[u32], blocks: &[u64]) -> Result<u64, String> {
-        let spec = &self.cfg.spec;
-        let limit = tokens.len() - 1;
-        let mut digest = 0u64;
-        let mut buf = vec![0u8; spec.kv_block_len(self.cfg.tp)];
-        for (rank, r) in self.ranks.iter().enumerate() {
-            for layer in 0..spec.layers {
-                for (i, &b) in blocks
-                    .iter()
-                    .enumerate()
-                    .take(spec.blocks_for(limit.max(1)))
-                {
-                    r.ctx
-                        .kv
-                        .read_at(r.ctx.block_offset(layer, b), &mut buf)
-                        .expect("block inside the cache");
-                    if let Some((pos, head)) = model::check_block(
-                        spec,
-                        self.cfg.tp,
-                        rank,
-                        layer,
-                        tokens,
-                        i,
-                        limit,
-                        &buf,
-                        &mut digest,
-                    ) {
-                        return Err(format!(
-                            "rank {rank} layer {layer}: wrong KV at position {pos}, head {head}"
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(digest)
+        let ranks = self.connector.ranks().iter().map(|r| &*r.ctx);
+        kv_check::verify_kv(&self.cfg.spec, ranks, tokens, blocks)
     }
 
     async fn local(
@@ -517,9 +319,7 @@ impl SimEngine {
             self.reserve_remote(needed)?;
         }
         if let Some(tid) = &transfer_id {
-            for r in &self.ranks {
-                r.producer.as_ref().expect("producer").request_started(tid);
-            }
+            self.connector.request_started(tid);
         }
         let blocks = self.pool.allocate(needed).await.expect("fits, checked");
         let (tokens, blocks) = (Arc::new(tokens), Arc::new(blocks));
@@ -537,9 +337,7 @@ impl SimEngine {
             // be sent; free the blocks now.
             tracing::info!(target: "mooncake_connector::sim", request = %req.request_id, transfer = %tid,
                 "prefill aborted; releasing its KV blocks");
-            for r in &self.ranks {
-                r.producer.as_ref().expect("producer").request_aborted(&tid);
-            }
+            self.connector.request_aborted(&tid);
             self.pool.free(&blocks);
             self.release_remote(blocks.len());
             self.aborted_prefills.fetch_add(1, Ordering::Relaxed);
@@ -553,18 +351,13 @@ impl SimEngine {
         self.held.lock().unwrap().insert(
             p_req_id.clone(),
             Held {
-                ranks_left: self.ranks.len(),
+                ranks_left: self.connector.ranks().len(),
                 blocks: blocks.to_vec(),
                 since: Instant::now(),
             },
         );
-        for r in &self.ranks {
-            r.producer.as_ref().expect("producer").request_ready(
-                &tid,
-                &p_req_id,
-                vec![blocks.to_vec()],
-            );
-        }
+        self.connector
+            .request_ready(&tid, &p_req_id, vec![blocks.to_vec()]);
         Ok(out)
     }
 
@@ -581,17 +374,15 @@ impl SimEngine {
         // bootstrap server is a 503 naming it, not a KV failure.
         // With the recompute policy the request goes on and recomputes.
         let mut lookup_failure = None;
-        if let Some(c) = self.ranks.first().and_then(|r| r.consumer.as_ref()) {
-            if let Err(e) = c.lookup(&bootstrap, &engine_id).await {
-                if self.cfg.kv.kv_load_failure_policy == LoadFailurePolicy::Fail {
-                    return Err(GenerateError {
-                        status: 503,
-                        kind: "bootstrap_unavailable",
-                        message: e.detail,
-                    });
-                }
-                lookup_failure = Some(e.detail);
+        if let Err(e) = self.connector.lookup(&bootstrap, &engine_id).await {
+            if self.cfg.kv.kv_load_failure_policy == LoadFailurePolicy::Fail {
+                return Err(GenerateError {
+                    status: 503,
+                    kind: "bootstrap_unavailable",
+                    message: e.detail,
+                });
             }
+            lookup_failure = Some(e.detail);
         }
         let d_req_id = format!("{}-{:08x}", req.request_id, rand_u32());
         // Scheduling: a sequence slot and blocks. A request whose client
@@ -697,13 +488,7 @@ impl SimEngine {
         engine_id: &str,
         pull: PullRequest,
     ) -> Option<String> {
-        let outcomes = futures::future::join_all(self.ranks.iter().map(|r| {
-            r.consumer
-                .as_ref()
-                .expect("consumer")
-                .pull(bootstrap, engine_id, vec![pull.clone()])
-        }))
-        .await;
+        let outcomes = self.connector.pull(bootstrap, engine_id, vec![pull]).await;
         outcomes
             .into_iter()
             .find_map(|o| o.failed.into_iter().next().map(|(_, why)| why))
@@ -720,19 +505,4 @@ pub fn role_default_config(role: KvRole) -> String {
         r#"{{"kv_connector":"MooncakeConnector","kv_role":"{}"}}"#,
         role.as_str()
     )
-}
-
-impl From<ConnectorError> for GenerateError {
-    fn from(e: ConnectorError) -> Self {
-        let status = if e.code == ConnectorErrorCode::Config {
-            400
-        } else {
-            500
-        };
-        Self {
-            status,
-            kind: "connector_error",
-            message: e.to_string(),
-        }
-    }
 }

@@ -5,7 +5,9 @@
 pub mod blocks;
 pub mod cli;
 pub mod engine;
+pub mod kv_check;
 pub mod kv_layouts;
 pub mod model;
 pub mod proxy;
+pub mod request;
 pub mod server;

@@ -12,7 +12,8 @@ use mooncake_connector::connector::{
     ConnectorEnv, ConnectorStats, Consumer, KvTransferConfig, Producer, ProducerEvent, PullOutcome,
     PullRequest, WorkerContext,
 };
-use mooncake_connector::sim::model::{check_block, fill_block, ModelSpec};
+use mooncake_connector::sim::kv_check::{fill_kv, verify_kv};
+use mooncake_connector::sim::model::ModelSpec;
 use tokio::sync::mpsc;
 
 pub fn env(abort_secs: u64) -> ConnectorEnv {
@@ -125,17 +126,8 @@ impl Prefill {
     }
 
     pub fn fill(&self, tokens: &[u32], blocks: &[u64]) {
-        for (rank, (ctx, _)) in self.ranks.iter().enumerate() {
-            let mut buf = vec![0u8; self.spec.kv_block_len(self.tp)];
-            for layer in 0..self.spec.layers {
-                for (i, &b) in blocks.iter().enumerate() {
-                    fill_block(&self.spec, self.tp, rank, layer, tokens, i, &mut buf);
-                    ctx.kv
-                        .write_shared(ctx.block_offset(layer, b), &buf)
-                        .unwrap();
-                }
-            }
-        }
+        let ranks = self.ranks.iter().map(|(ctx, _)| &**ctx);
+        fill_kv(&self.spec, ranks, tokens, blocks).unwrap();
     }
 
     pub fn abort(&self, transfer_id: &str) {
@@ -213,34 +205,8 @@ impl Decode {
     /// Checks the KV of `tokens` in `blocks` (every position but the last)
     /// on every rank; Err names the first wrong position.
     pub fn verify(&self, tokens: &[u32], blocks: &[u64]) -> Result<u64, String> {
-        let limit = tokens.len() - 1;
-        let mut digest = 0u64;
-        for (rank, (ctx, _)) in self.ranks.iter().enumerate() {
-            let mut buf = vec![0u8; self.spec.kv_block_len(self.tp)];
-            for layer in 0..self.spec.layers {
-                for (i, &b) in blocks.iter().enumerate() {
-                    ctx.kv
-                        .read_at(ctx.block_offset(layer, b), &mut buf)
-                        .unwrap();
-                    if let Some((pos, head)) = check_block(
-                        &self.spec,
-                        self.tp,
-                        rank,
-                        layer,
-                        tokens,
-                        i,
-                        limit,
-                        &buf,
-                        &mut digest,
-                    ) {
-                        return Err(format!(
-                            "rank {rank} layer {layer}: wrong KV at position {pos}, head {head}"
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(digest)
+        let ranks = self.ranks.iter().map(|(ctx, _)| &**ctx);
+        verify_kv(&self.spec, ranks, tokens, blocks)
     }
 }
 

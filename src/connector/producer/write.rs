@@ -1,0 +1,176 @@
+//! Writing ready requests into a decoder's memory: descriptors, one batch
+//! on the writer pool, per-request outcome.
+use std::sync::Arc;
+use std::time::Instant;
+
+use mooncake::{Error as EngineError, LocalMemory, TaskStatus};
+
+use super::pull::ReadyReq;
+use super::vet::MessagePlan;
+use super::Inner;
+use crate::connector::regions::{request_descriptors, select_blocks, Descriptor};
+use crate::connector::stats::ConnectorStats;
+
+/// Writes the ready requests of one message into the decoder, in one batch
+/// on the writer pool. Returns (ok d_req_ids, failed (d_req_id, why)).
+pub(super) async fn write_ready(
+    inner: &Arc<Inner>,
+    session: &str,
+    plan: &MessagePlan,
+    ready: Vec<ReadyReq>,
+) -> (Vec<String>, Vec<(String, String)>) {
+    let mut failed = Vec::new();
+    let mut descs: Vec<Descriptor> = Vec::new();
+    let mut spans: Vec<(ReadyReq, std::ops::Range<usize>)> = Vec::new();
+    for r in ready {
+        let start = descs.len();
+        let res = select_blocks(&r.p_blocks, &r.d_blocks).and_then(|blocks| {
+            request_descriptors(
+                &inner.ctx.layout,
+                &plan.d_layout,
+                &plan.pairs,
+                &plan.plans,
+                &blocks,
+                &mut descs,
+            )
+        });
+        match res {
+            Ok(()) => {
+                let end = descs.len();
+                spans.push((r, start..end));
+            }
+            Err(e) => {
+                descs.truncate(start);
+                inner.end_sending_failed(&r.transfer_id);
+                ConnectorStats::add(&inner.stats.transfers_failed, 1);
+                failed.push((r.d_req_id, e.detail));
+            }
+        }
+    }
+    if spans.is_empty() {
+        return (Vec::new(), failed);
+    }
+    let permit = inner
+        .writers
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("semaphore open");
+    let started = Instant::now();
+    let descs = Arc::new(descs);
+    let job = {
+        let (inner, descs) = (inner.clone(), descs.clone());
+        let session = session.to_string();
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            run_batch(&inner, &session, &descs)
+        })
+    };
+    let result = job
+        .await
+        .unwrap_or_else(|e| Err(format!("writer task panicked: {e}")));
+    let elapsed = started.elapsed();
+    let mut ok = Vec::new();
+    for (r, span) in spans {
+        let outcome = match &result {
+            Ok(per_desc) => match span
+                .clone()
+                .find_map(|i| per_desc[i].as_ref().err().map(|e| (i, e)))
+            {
+                None => Ok(()),
+                Some((i, e)) => Err(format!("descriptor {i} of the batch failed: {e}")),
+            },
+            Err(why) => Err(why.clone()),
+        };
+        match outcome {
+            Ok(()) => {
+                let n = span.len() as u64;
+                let bytes: u64 = descs[span].iter().map(|d| d.len).sum();
+                ConnectorStats::add(&inner.stats.transfers_ok, 1);
+                ConnectorStats::add(&inner.stats.descriptors_sent, n);
+                ConnectorStats::add(&inner.stats.bytes_sent, bytes);
+                tracing::info!(target: "mooncake_connector::producer",
+                    request = %r.p_req_id, transfer = %r.transfer_id, decoder = %session,
+                    bytes, descriptors = n, ms = elapsed.as_secs_f64() * 1e3, "KV sent");
+                inner.count_sent(&r.transfer_id, true);
+                ok.push(r.d_req_id);
+            }
+            Err(why) => {
+                tracing::warn!(target: "mooncake_connector::producer",
+                    request = %r.p_req_id, transfer = %r.transfer_id, decoder = %session, "KV write failed: {why}");
+                ConnectorStats::add(&inner.stats.transfers_failed, 1);
+                inner.end_sending_failed(&r.transfer_id);
+                failed.push((r.d_req_id, why));
+            }
+        }
+    }
+    (ok, failed)
+}
+
+/// One blocking batch WRITE of `descs` to the decoder's segment `session`:
+/// per descriptor, Ok or the engine's reason.
+pub(super) fn run_batch(
+    inner: &Inner,
+    session: &str,
+    descs: &[Descriptor],
+) -> Result<Vec<Result<(), String>>, String> {
+    let ctx = &inner.ctx;
+    let seg = {
+        let cached = inner.sessions.lock().unwrap().get(session).cloned();
+        match cached {
+            Some(s) => s,
+            None => {
+                let s = ctx
+                    .engine
+                    .open_segment(session)
+                    .map_err(|e| format!("cannot open decoder segment {session}: {e}"))?;
+                inner
+                    .sessions
+                    .lock()
+                    .unwrap()
+                    .insert(session.to_string(), s.clone());
+                s
+            }
+        }
+    };
+    let kv = &*ctx.kv;
+    let base = kv.addr();
+    let mut batch = ctx.engine.batch(descs.len()).map_err(|e| e.to_string())?;
+    for d in descs {
+        let off = d
+            .src
+            .checked_sub(base)
+            .filter(|o| o + d.len <= kv.len() as u64)
+            .ok_or_else(|| {
+                format!(
+                    "descriptor source {:#x}+{} is outside this worker's KV cache",
+                    d.src, d.len
+                )
+            })?;
+        batch
+            .write(kv, off as usize, &seg, d.dst, d.len as usize)
+            .map_err(|e| e.to_string())?;
+    }
+    batch
+        .submit()
+        .map_err(|e| format!("Mooncake transfer engine refused the batch: {e}"))?;
+    match batch.wait(None) {
+        Ok(()) | Err(EngineError::Transfer { .. }) => {}
+        Err(e) => return Err(format!("Mooncake transfer engine returned {e}")),
+    }
+    // One pass over the statuses (the wait above already read them all).
+    let statuses = batch.statuses().map_err(|e| e.to_string())?;
+    let mut out: Vec<Result<(), String>> = vec![Ok(()); statuses.len()];
+    let failed: Vec<(usize, TaskStatus)> = statuses
+        .not_completed()
+        .map(|i| (i, statuses.get(i).unwrap_or(TaskStatus::Unknown(-1))))
+        .collect();
+    for (i, st) in failed {
+        out[i] = Err(batch
+            .error_of(i)
+            .ok()
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| format!("{st:?}")));
+    }
+    Ok(out)
+}
