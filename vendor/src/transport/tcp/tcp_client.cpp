@@ -4,6 +4,7 @@
 
 #include "common/host_port.h"
 #include "transport/tcp/tcp_lane.h"
+#include "transport/tcp/tcp_peer.h"
 
 namespace mcrs {
 
