@@ -48,6 +48,35 @@ bool closed_by_peer(int fd) {
     return r != 0;
 }
 
+// What one status frame did to its item: Next (it has its outcome, go on),
+// Last (it has its outcome, but the connection ends), Stop (it has none:
+// the frame made no sense; the connection ends).
+enum class Settled { Next, Last, Stop };
+
+Settled settle(TransferItem &it, const unsigned char *frame, std::string &why) {
+    uint32_t code = 0;
+    if (!decode_samehost_status(frame, kSameHostStatusLen, code)) {
+        why = "malformed status frame from the target";
+        return Settled::Stop;
+    }
+    if (code == kSameHostOk) {
+        it.complete();
+    } else if (code == kSameHostCopyFailed) {
+        it.fail(describe(it) + " failed: the target could not copy " + (it.opcode == 1 ? "from" : "into") +
+                " this process's memory (bad local address?)");
+    } else if (code == kSameHostRejected) {
+        it.fail(describe(it) + " failed: the peer rejected it: the range is not inside "
+                               "one registered, remote-accessible host buffer of the "
+                               "target segment");
+        why = "an earlier request on its connection was rejected";
+        return Settled::Last;
+    } else {
+        why = "unknown status " + std::to_string(code) + " from the target";
+        return Settled::Stop;
+    }
+    return Settled::Next;
+}
+
 }  // namespace
 
 class SameHostClient::Peer {
@@ -183,82 +212,14 @@ private:
         for (;;) {
             run.clear();
             if (!pop_run(run)) break;
-            const bool stale = l.fd.valid() &&
-                               (Clock::now() - l.last_use > std::chrono::milliseconds(opt_.reconnect_after_idle_ms) ||
-                                closed_by_peer(l.fd.get()));
-            if (stale) drop(l);
-            if (!l.fd.valid()) {
-                std::string why;
-                if (!connect(l, why)) {
-                    bool stopping;
-                    {
-                        std::lock_guard<std::mutex> g(mu_);
-                        stopping = stopping_;
-                    }
-                    if (stopping)
-                        for (auto &it : run) it.fail("the engine is shutting down");
-                    else
-                        refuse(run, why);
-                    continue;
-                }
-            }
+            if (!ready_lane(l, run)) continue;
             const int fd = l.fd.get();
-            for (size_t i = 0; i < run.size(); ++i) {
-                SameHostRequest r;
-                r.opcode = run[i].opcode == 1 ? kSameHostOpWrite : kSameHostOpRead;
-                r.target_addr = run[i].remote_addr;
-                r.length = run[i].length;
-                r.initiator_addr = reinterpret_cast<uint64_t>(run[i].local);
-                encode_samehost_request(r, &req[i * kSameHostRequestLen]);
-            }
-            IoResult io = send_all(fd, req.data(), run.size() * kSameHostRequestLen);
+            IoResult io = send_requests(fd, run, req);
             std::string why;
             size_t next = 0;  // first item without its status
             if (!io.ok()) why = "sending failed: " + io.describe();
             else sent_.fetch_add(run.size(), std::memory_order_relaxed);
-            // Statuses in order; each item completes as soon as its own
-            // status is in.
-            size_t got = 0;
-            const size_t want = run.size() * kSameHostStatusLen;
-            while (why.empty() && got < want) {
-                ssize_t n = ::recv(fd, st.data() + got, want - got, 0);
-                if (n < 0) {
-                    if (errno == EINTR) continue;
-                    why = errno == EAGAIN || errno == EWOULDBLOCK ? "timed out with no progress"
-                                                                  : errno_string(errno);
-                    break;
-                }
-                if (n == 0) {
-                    why = "connection closed by the target";
-                    break;
-                }
-                got += static_cast<size_t>(n);
-                for (; next < got / kSameHostStatusLen; ++next) {
-                    uint32_t code = 0;
-                    TransferItem &it = run[next];
-                    if (!decode_samehost_status(&st[next * kSameHostStatusLen], kSameHostStatusLen, code)) {
-                        why = "malformed status frame from the target";
-                        break;
-                    }
-                    if (code == kSameHostOk) {
-                        it.complete();
-                    } else if (code == kSameHostCopyFailed) {
-                        it.fail(describe(it) + " failed: the target could not copy " +
-                                (it.opcode == 1 ? "from" : "into") +
-                                " this process's memory (bad local address?)");
-                    } else if (code == kSameHostRejected) {
-                        it.fail(describe(it) + " failed: the peer rejected it: the range is not inside "
-                                               "one registered, remote-accessible host buffer of the "
-                                               "target segment");
-                        ++next;
-                        why = "an earlier request on its connection was rejected";
-                        break;
-                    } else {
-                        why = "unknown status " + std::to_string(code) + " from the target";
-                        break;
-                    }
-                }
-            }
+            read_statuses(fd, run, st, next, why);
             l.last_use = Clock::now();
             if (!why.empty()) {
                 for (size_t i = next; i < run.size(); ++i)
@@ -267,6 +228,68 @@ private:
             }
         }
         drop(l);
+    }
+
+    // Reconnects a stale lane, connects one without a connection; false
+    // when that failed and the run went to the fallback (or failed).
+    bool ready_lane(Lane &l, std::vector<TransferItem> &run) {
+        const bool stale = l.fd.valid() &&
+                           (Clock::now() - l.last_use > std::chrono::milliseconds(opt_.reconnect_after_idle_ms) ||
+                            closed_by_peer(l.fd.get()));
+        if (stale) drop(l);
+        if (l.fd.valid()) return true;
+        std::string why;
+        if (connect(l, why)) return true;
+        bool stopping;
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            stopping = stopping_;
+        }
+        if (stopping)
+            for (auto &it : run) it.fail("the engine is shutting down");
+        else
+            refuse(run, why);
+        return false;
+    }
+
+    static IoResult send_requests(int fd, const std::vector<TransferItem> &run, std::vector<unsigned char> &req) {
+        for (size_t i = 0; i < run.size(); ++i) {
+            SameHostRequest r;
+            r.opcode = run[i].opcode == 1 ? kSameHostOpWrite : kSameHostOpRead;
+            r.target_addr = run[i].remote_addr;
+            r.length = run[i].length;
+            r.initiator_addr = reinterpret_cast<uint64_t>(run[i].local);
+            encode_samehost_request(r, &req[i * kSameHostRequestLen]);
+        }
+        return send_all(fd, req.data(), run.size() * kSameHostRequestLen);
+    }
+
+    // Statuses in order; each item completes as soon as its own status is
+    // in. Stops at the first failure, with `why` (items before `next` have
+    // their outcome).
+    static void read_statuses(int fd, std::vector<TransferItem> &run, std::vector<unsigned char> &st, size_t &next,
+                              std::string &why) {
+        size_t got = 0;
+        const size_t want = run.size() * kSameHostStatusLen;
+        while (why.empty() && got < want) {
+            ssize_t n = ::recv(fd, st.data() + got, want - got, 0);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                why = errno == EAGAIN || errno == EWOULDBLOCK ? "timed out with no progress" : errno_string(errno);
+                break;
+            }
+            if (n == 0) {
+                why = "connection closed by the target";
+                break;
+            }
+            got += static_cast<size_t>(n);
+            for (; next < got / kSameHostStatusLen; ++next) {
+                Settled s = settle(run[next], &st[next * kSameHostStatusLen], why);
+                if (s == Settled::Next) continue;
+                if (s == Settled::Last) ++next;
+                break;
+            }
+        }
     }
 
     const std::shared_ptr<const SegmentDesc> desc_;  // as first seen

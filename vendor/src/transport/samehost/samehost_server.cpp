@@ -107,27 +107,22 @@ void SameHostServer::accept_loop() {
     }
 }
 
+// A request with its range check; the pin holds the target buffer
+// registered until the copy is done.
+struct SameHostServer::Checked {
+    SameHostRequest req;
+    RegionPin pin;
+    uint32_t code = kSameHostOk;
+};
+
 void SameHostServer::serve(Session *s) {
     const int fd = s->fd.get();
     unsigned char in[kBatch * kSameHostRequestLen];
     unsigned char out[kBatch * kSameHostStatusLen];
-    // A request with its range check; the pin holds the target buffer
-    // registered until the copy is done.
-    struct Checked {
-        SameHostRequest req;
-        RegionPin pin;
-        uint32_t code = kSameHostOk;
-    };
     std::vector<Checked> batch(kBatch);
     std::vector<CmaPiece> pieces(kBatch);
     size_t have = 0;
-    // The kernel must also let us copy to and from it (ptrace rules: e.g. a
-    // non-dumpable peer). If not, no greeting: the peer falls back to TCP.
-    // Checked here rather than at accept: it touches /proc.
-    if (int err = cma_check_access(s->pid)) {
-        refused_.fetch_add(1);
-        MC_LOG(Info, "same-host server: refused pid " << s->pid
-                                                      << ": cannot attach to it for copies: " << errno_string(err));
+    if (!may_attach(*s)) {
         ::shutdown(fd, SHUT_RDWR);
         s->done.store(true);
         return;
@@ -138,55 +133,12 @@ void SameHostServer::serve(Session *s) {
     bool ok = pidfd_alive(s->pidfd.get()) && send_all(fd, out, kSameHostStatusLen).ok();
     while (ok && !stopping_.load()) {
         if (have < kSameHostRequestLen) {
-            // Idle between requests, bounded progress inside one.
-            int wait_ms = static_cast<int>(have == 0 ? opt_.idle_timeout_ms : opt_.progress_timeout_ms);
-            int r = wait_readable(fd, wake_.read_fd(), wait_ms);
-            if (r == 0) {
-                MC_LOG(Info, "same-host server: closing the connection of pid "
-                                 << s->pid << (have == 0 ? ": idle" : ": a request stalled"));
-                break;
-            }
-            if (r < 0) break;
-            ssize_t n = ::recv(fd, in + have, sizeof in - have, MSG_DONTWAIT);
-            if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-            if (n <= 0) {
-                if (n == 0 && have != 0)
-                    MC_LOG(Info, "same-host server: pid " << s->pid << " closed inside a request");
-                break;
-            }
-            have += static_cast<size_t>(n);
+            if (!receive_more(*s, in, sizeof in, have)) break;
             continue;
         }
-        // Pass 1: decode and range-check every whole request that arrived,
-        // up to the first one refused (which closes the connection).
-        size_t off = 0, nb = 0;
+        size_t off = 0;
         bool close_after = false;
-        while (have - off >= kSameHostRequestLen) {
-            Checked &c = batch[nb++];
-            c.code = kSameHostOk;
-            std::string why;
-            if (!decode_samehost_request(in + off, kSameHostRequestLen, c.req, why)) {
-                rejected_.fetch_add(1);
-                MC_LOG(Warn, "same-host server: malformed request from pid " << s->pid << ": " << why);
-                c.code = kSameHostRejected;
-            } else {
-                // The one range check, as for TCP; host memory only.
-                c.pin = registry_.pin(c.req.target_addr, c.req.length, /*need_remote=*/true);
-                if (!c.pin || c.pin.region()->device >= 0) {
-                    rejected_.fetch_add(1);
-                    MC_LOG(Warn, "same-host server: rejected " << describe(c.req, s->pid)
-                                                               << ": not inside one registered "
-                                                                  "remote-accessible host buffer");
-                    c.code = kSameHostRejected;
-                    c.pin.release();
-                }
-            }
-            off += kSameHostRequestLen;
-            if (c.code == kSameHostRejected) {
-                close_after = true;  // the peer named memory it may not touch
-                break;
-            }
-        }
+        const size_t nb = check_requests(*s, in, have, batch.data(), off, close_after);
         // The attested process must still be the one behind the pid right
         // before the copies: once it has exited, the pid may name another.
         if (!pidfd_alive(s->pidfd.get())) {
@@ -194,34 +146,7 @@ void SameHostServer::serve(Session *s) {
             for (size_t i = 0; i < nb; ++i) batch[i].pin.release();
             break;
         }
-        // Pass 2: each run of accepted requests in one direction is one
-        // vectored copy (many requests per system call, not one each).
-        for (size_t i = 0; i < nb;) {
-            if (batch[i].code != kSameHostOk) {
-                ++i;
-                continue;
-            }
-            const uint8_t op = batch[i].req.opcode;
-            size_t cnt = 0;
-            while (i + cnt < nb && batch[i + cnt].code == kSameHostOk && batch[i + cnt].req.opcode == op) {
-                const SameHostRequest &r = batch[i + cnt].req;
-                pieces[cnt] = CmaPiece{reinterpret_cast<void *>(r.target_addr), r.initiator_addr,
-                                       static_cast<size_t>(r.length)};
-                ++cnt;
-            }
-            int err = 0;
-            // READ: target -> initiator, so the peer's memory is written.
-            size_t done = cma_copy_many(s->pid, op == kSameHostOpRead, pieces.data(), cnt, err);
-            served_.fetch_add(done, std::memory_order_relaxed);
-            if (done < cnt) {
-                Checked &bad = batch[i + done];
-                MC_LOG(Info, "same-host server: " << describe(bad.req, s->pid)
-                                                  << ": the copy failed: " << errno_string(err));
-                bad.code = kSameHostCopyFailed;
-                ++done;  // the rest of the run is retried from the next one
-            }
-            i += done;
-        }
+        copy_requests(*s, batch.data(), nb, pieces.data());
         for (size_t i = 0; i < nb; ++i) {
             batch[i].pin.release();
             encode_samehost_status(batch[i].code, out + i * kSameHostStatusLen);
@@ -234,6 +159,106 @@ void SameHostServer::serve(Session *s) {
     }
     ::shutdown(fd, SHUT_RDWR);
     s->done.store(true);
+}
+
+bool SameHostServer::may_attach(const Session &s) {
+    // The kernel must also let us copy to and from it (ptrace rules: e.g. a
+    // non-dumpable peer). If not, no greeting: the peer falls back to TCP.
+    // Checked here rather than at accept: it touches /proc.
+    if (int err = cma_check_access(s.pid)) {
+        refused_.fetch_add(1);
+        MC_LOG(Info, "same-host server: refused pid " << s.pid
+                                                      << ": cannot attach to it for copies: " << errno_string(err));
+        return false;
+    }
+    return true;
+}
+
+bool SameHostServer::receive_more(const Session &s, unsigned char *in, size_t cap, size_t &have) {
+    const int fd = s.fd.get();
+    // Idle between requests, bounded progress inside one.
+    int wait_ms = static_cast<int>(have == 0 ? opt_.idle_timeout_ms : opt_.progress_timeout_ms);
+    int r = wait_readable(fd, wake_.read_fd(), wait_ms);
+    if (r == 0) {
+        MC_LOG(Info, "same-host server: closing the connection of pid "
+                         << s.pid << (have == 0 ? ": idle" : ": a request stalled"));
+        return false;
+    }
+    if (r < 0) return false;
+    ssize_t n = ::recv(fd, in + have, cap - have, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (n <= 0) {
+        if (n == 0 && have != 0)
+            MC_LOG(Info, "same-host server: pid " << s.pid << " closed inside a request");
+        return false;
+    }
+    have += static_cast<size_t>(n);
+    return true;
+}
+
+size_t SameHostServer::check_requests(const Session &s, const unsigned char *in, size_t have,
+                                      Checked *batch, size_t &off, bool &close_after) {
+    // Pass 1: decode and range-check every whole request that arrived,
+    // up to the first one refused (which closes the connection).
+    size_t nb = 0;
+    while (have - off >= kSameHostRequestLen) {
+        Checked &c = batch[nb++];
+        c.code = kSameHostOk;
+        std::string why;
+        if (!decode_samehost_request(in + off, kSameHostRequestLen, c.req, why)) {
+            rejected_.fetch_add(1);
+            MC_LOG(Warn, "same-host server: malformed request from pid " << s.pid << ": " << why);
+            c.code = kSameHostRejected;
+        } else {
+            // The one range check, as for TCP; host memory only.
+            c.pin = registry_.pin(c.req.target_addr, c.req.length, /*need_remote=*/true);
+            if (!c.pin || c.pin.region()->device >= 0) {
+                rejected_.fetch_add(1);
+                MC_LOG(Warn, "same-host server: rejected " << describe(c.req, s.pid)
+                                                           << ": not inside one registered "
+                                                              "remote-accessible host buffer");
+                c.code = kSameHostRejected;
+                c.pin.release();
+            }
+        }
+        off += kSameHostRequestLen;
+        if (c.code == kSameHostRejected) {
+            close_after = true;  // the peer named memory it may not touch
+            break;
+        }
+    }
+    return nb;
+}
+
+void SameHostServer::copy_requests(const Session &s, Checked *batch, size_t nb, CmaPiece *pieces) {
+    // Pass 2: each run of accepted requests in one direction is one
+    // vectored copy (many requests per system call, not one each).
+    for (size_t i = 0; i < nb;) {
+        if (batch[i].code != kSameHostOk) {
+            ++i;
+            continue;
+        }
+        const uint8_t op = batch[i].req.opcode;
+        size_t cnt = 0;
+        while (i + cnt < nb && batch[i + cnt].code == kSameHostOk && batch[i + cnt].req.opcode == op) {
+            const SameHostRequest &r = batch[i + cnt].req;
+            pieces[cnt] = CmaPiece{reinterpret_cast<void *>(r.target_addr), r.initiator_addr,
+                                   static_cast<size_t>(r.length)};
+            ++cnt;
+        }
+        int err = 0;
+        // READ: target -> initiator, so the peer's memory is written.
+        size_t done = cma_copy_many(s.pid, op == kSameHostOpRead, pieces, cnt, err);
+        served_.fetch_add(done, std::memory_order_relaxed);
+        if (done < cnt) {
+            Checked &bad = batch[i + done];
+            MC_LOG(Info, "same-host server: " << describe(bad.req, s.pid)
+                                              << ": the copy failed: " << errno_string(err));
+            bad.code = kSameHostCopyFailed;
+            ++done;  // the rest of the run is retried from the next one
+        }
+        i += done;
+    }
 }
 
 }  // namespace mcrs

@@ -32,6 +32,8 @@
 
 namespace mcrs {
 
+struct CmaPiece;
+
 struct SameHostServerOptions {
     uint32_t max_connections = 64;
     uint32_t idle_timeout_ms = 60000;
@@ -62,7 +64,16 @@ private:
         std::atomic<bool> done{false};
     };
     void accept_loop();
+    struct Checked;
     void serve(Session *s);
+    // The steps of serve(): the copy permission check, one read of request
+    // bytes (false: close), the range checks of the whole requests in
+    // in[off, have) (their count), and the copies of the accepted ones.
+    bool may_attach(const Session &s);
+    bool receive_more(const Session &s, unsigned char *in, size_t cap, size_t &have);
+    size_t check_requests(const Session &s, const unsigned char *in, size_t have, Checked *batch,
+                          size_t &off, bool &close_after);
+    void copy_requests(const Session &s, Checked *batch, size_t nb, CmaPiece *pieces);
     void reap_finished();  // caller holds mu_
 
     const MemoryRegistry &registry_;

@@ -39,6 +39,8 @@
 
 namespace mcrs {
 
+struct TcpHeader;
+
 struct TcpServerOptions {
     uint32_t progress_timeout_ms = 30000;
     uint32_t max_connections = 1024;
@@ -89,6 +91,11 @@ private:
     void accept_all();
     void expire_idle(Clock::time_point now);
     Pass serve(Session &s);
+    // The steps of serve(), one request each; false closes the connection.
+    bool serve_request(Conn &c, const TcpHeader &h);
+    void reject_request(Conn &c, const TcpHeader &h);
+    bool serve_gpu_request(Conn &c, const TcpHeader &h, RegionPin &pin);
+    bool serve_host_request(Conn &c, const TcpHeader &h, RegionPin &pin);
     void finish(Session *s, Pass p);
     void erase_locked(Session *s);  // caller holds mu_
 
