@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -22,7 +23,16 @@
 
 namespace mcrs::rdma {
 
-using detail::hexs;
+namespace {
+
+// "0x1f", for error messages.
+std::string hexs(uint64_t v) {
+    char b[32];
+    snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+    return b;
+}
+
+}  // namespace
 
 std::shared_ptr<RdmaTransport::PeerRoute> RdmaTransport::route_for(
     const std::shared_ptr<const SegmentDesc> &peer) {

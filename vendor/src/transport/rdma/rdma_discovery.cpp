@@ -19,11 +19,22 @@
 
 namespace mcrs::rdma {
 
-using detail::from_ibv_gid;
-using detail::join;
 using detail::to_ibv_gid;
 
 namespace {
+
+// "[a,b,c]", for error messages.
+std::string join(const std::vector<std::string> &v) {
+    std::string s;
+    for (const auto &x : v) s += (s.empty() ? "" : ",") + x;
+    return "[" + s + "]";
+}
+
+Gid from_ibv_gid(const ibv::gid &g) {
+    Gid out{};
+    std::memcpy(&out, &g, sizeof out);
+    return out;
+}
 
 // A port's GID table with the sysfs facts select_gid ranks by (type,
 // netdev); discovery and the GID_CHANGE refresh read it the same way so
@@ -141,7 +152,8 @@ std::unique_ptr<RdmaContext> RdmaTransport::open_nic(ibv::device *dev, const std
     c->link_layer = is_ib ? LinkLayer::IB : LinkLayer::RoCE;
     c->lid = port.lid;
     c->active_mtu = port.active_mtu;
-    std::vector<GidEntry> table = read_gid_table(api, c->ctx, cfg_.ib_port, port.gid_tbl_len, ibdev_path, is_ib);
+    std::vector<GidEntry> table =
+        read_gid_table(api, c->ctx, cfg_.ib_port, port.gid_tbl_len, ibdev_path, is_ib);
     try {
         GidSelection sel = select_gid(table, cfg_.gid_index, name, cfg_.ib_port);
         c->gid_index = sel.index;
@@ -176,8 +188,9 @@ void RdmaTransport::build_topology(const std::vector<std::unique_ptr<RdmaContext
     if (ov) {
         std::vector<std::string> known;
         for (const auto &c : opened) known.push_back(c->name);
-        ov->require_known_devices(known, opt_.topology_json.empty() ? "MC_CUSTOM_TOPO_JSON"
-                                                                    : "the topology given to installTransport");
+        const char *source = opt_.topology_json.empty() ? "MC_CUSTOM_TOPO_JSON"
+                                                        : "the topology given to installTransport";
+        ov->require_known_devices(known, source);
         topo_ = *ov;
     }
 }

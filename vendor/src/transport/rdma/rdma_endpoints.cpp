@@ -205,7 +205,8 @@ void RdmaTransport::handshake_active(Endpoint &ep, const SegmentDesc &peer, cons
     HandShakeDesc ack = make_ack(req);
     HandShakeDesc ar;
     try {
-        ar = decode_handshake(opt_.send_handshake(peer.name, encode_handshake(ack), opt_.ready_ack_timeout_ms));
+        ar = decode_handshake(
+            opt_.send_handshake(peer.name, encode_handshake(ack), opt_.ready_ack_timeout_ms));
     } catch (const Error &e) {
         throw Error(kErrRejectHandshake, std::string("ready ACK to ") + peer_path + " failed (limit " +
                                              std::to_string(opt_.ready_ack_timeout_ms) + " ms): " + e.what());
@@ -219,7 +220,8 @@ Json RdmaTransport::passive_reply(const Endpoint &ep, const std::string &request
     for (auto *q : ep.qps) qpn.push_back(q->qp_num);
     const RdmaContext &c = *ctxs_[ep.nic];
     PortAddress pa = c.address();
-    HandShakeDesc r = make_request(make_nic_path(opt_.server_name, c.name), requester_path, pa.lid, pa.gid_text, qpn);
+    HandShakeDesc r =
+        make_request(make_nic_path(opt_.server_name, c.name), requester_path, pa.lid, pa.gid_text, qpn);
     r.ready_ack = false;
     return encode_handshake(r);
 }

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -20,35 +19,14 @@
 #include "transport/rdma/handshake_desc.h"
 #include "transport/rdma/nic_choice.h"
 #include "transport/rdma/rdma_transport.h"
-#include "transport/rdma/slicer.h"
 
 namespace mcrs::rdma {
 
 namespace detail {
 
-// "[a,b,c]", for error messages.
-inline std::string join(const std::vector<std::string> &v) {
-    std::string s;
-    for (const auto &x : v) s += (s.empty() ? "" : ",") + x;
-    return "[" + s + "]";
-}
-
-// "0x1f", for error messages.
-inline std::string hexs(uint64_t v) {
-    char b[32];
-    snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-    return b;
-}
-
 inline ibv::gid to_ibv_gid(const Gid &g) {
     ibv::gid out{};
     static_assert(sizeof(out) == sizeof(g), "gid size");
-    std::memcpy(&out, &g, sizeof out);
-    return out;
-}
-
-inline Gid from_ibv_gid(const ibv::gid &g) {
-    Gid out{};
     std::memcpy(&out, &g, sizeof out);
     return out;
 }
