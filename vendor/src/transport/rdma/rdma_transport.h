@@ -23,6 +23,7 @@
 #include "common/json.h"
 #include "core/config.h"
 #include "core/segment_descriptor.h"
+#include "transport/rdma/handshake_desc.h"
 #include "transport/rdma/link_layer.h"
 #include "transport/rdma/rail_monitor.h"
 #include "transport/rdma/rdma_env.h"
@@ -151,7 +152,24 @@ public:
     struct PeerRoute;
 
 private:
+    // Definitions by concern: construction, teardown and counters in
+    // rdma_transport.cpp; discovery and publication in rdma_discovery.cpp;
+    // registration in rdma_memory.cpp; endpoints and async events in
+    // rdma_endpoints.cpp; completions and rail bookkeeping in
+    // rdma_completion.cpp; slicing and posting in rdma_datapath.cpp.
+
+    // ---- discovery (rdma_discovery.cpp) ----
     void discover();
+    // Opens NIC `name` (port, GID, PD, CQ) and fills `info`; nullptr, with
+    // `problem` saying why, when it cannot be used.
+    std::unique_ptr<RdmaContext> open_nic(ibv::device *dev, const std::string &name, NicInfo &info,
+                                          std::string &problem);
+    // topo_ from discovery over the opened NICs, or from the override.
+    void build_topology(const std::vector<std::unique_ptr<RdmaContext>> &opened,
+                        const std::vector<NicInfo> &infos);
+    // Moves the opened NICs the matrix names into ctxs_ in its order and
+    // closes the others.
+    void adopt_in_matrix_order(std::vector<std::unique_ptr<RdmaContext>> &opened);
     // 6.6: re-queries the port of NIC `nic` (lid, active_mtu) and re-selects
     // its GID (MC_GID_INDEX honoured). Returns whether the address changed;
     // false (logged) when the port cannot be queried or has no usable GID.
@@ -165,11 +183,36 @@ private:
     std::shared_ptr<Endpoint> create_qps(size_t nic);
     void connect_qps(Endpoint &ep, const std::vector<uint32_t> &peer_qpn, const ibv::gid &peer_gid,
                      uint32_t peer_lid);
+    // Active side of the handshake for the fresh endpoint `ep` (its QPs
+    // end in RTS); throws Error. The caller destroys the QPs on failure.
+    void handshake_active(Endpoint &ep, const SegmentDesc &peer, const DeviceDesc &peer_dev,
+                          const std::string &own_path);
+    // The passive side's reply naming our QPs of `ep`.
+    Json passive_reply(const Endpoint &ep, const std::string &requester_path) const;
+    // Passive side: a new endpoint on `local_device` for `req`, stored
+    // under `key`; returns the reply (a rejection on failure).
+    Json accept_passive(const HandShakeDesc &req, const std::string &local_device, const std::string &key,
+                        bool wait_for_ack);
     void drop_endpoint(const std::shared_ptr<Endpoint> &ep);
     // Posts (or re-posts) a slice. from_poller: called by the poller thread,
     // which must not wait for free send-queue slots (it is the one freeing
     // them): a slice that finds the queues full is parked in pending_.
     void post_slice(Slice *s, bool from_poller);
+    enum class PostOutcome { Posted, QueueFull, Failed };
+    // One post of `s` on a free QP of `ep`; Failed sets `err` (and drops
+    // the endpoint). After Posted, `s` belongs to the poller.
+    PostOutcome post_on_endpoint(Slice *s, const std::shared_ptr<Endpoint> &ep, uint32_t lkey,
+                                 std::string &err);
+    // Back-pressure on NIC `nic`: true when the caller should try again;
+    // false when `s` was failed (deadline) or parked for the poller.
+    bool wait_for_slot(Slice *s, size_t nic, bool from_poller);
+    // Why `item` cannot be sliced ("" if it can); fills the location of its
+    // local registration and the peer buffer index of its remote range.
+    std::string check_item(const TransferItem &item, const SegmentDesc &peer, std::string &location,
+                           size_t &peer_buf) const;
+    // The lkey on NIC `nic` of the registration holding [addr, addr+len);
+    // false when that memory is no longer registered.
+    bool find_lkey(uint64_t addr, uint64_t len, size_t nic, uint32_t &lkey) const;
     void finish_slice(Slice *s, bool ok, const std::string &why);
     // Retries `s` after a failure on its rail (or fails it after
     // MC_RETRY_CNT): `blame` records the error on the rail, `avoid_local`
