@@ -1,6 +1,7 @@
-// Rail pauses (upstream's protocol) and slice timeouts through softverbs: a
-// remote fault pauses the (local NIC, peer NIC) rail and traffic moves to
-// the other rails until the cooldown ends; a local fault does not blame
+// Rail pauses (docs/wire-protocol.md, RDMA slicing and failure handling) and
+// slice timeouts through softverbs: a remote fault pauses the (local NIC,
+// peer NIC) rail and traffic moves to the other rails until the cooldown
+// ends; a local fault does not blame
 // the rail; a lost or stalled completion ends in a retry or a FAILED
 // status naming the NIC and the timeout.
 #include <chrono>

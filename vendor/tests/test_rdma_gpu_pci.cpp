@@ -1,5 +1,5 @@
-// The "cuda:<ordinal>" entries of the RDMA priority matrix (upstream's protocol): the driver's
-// PCI bus id in sysfs form, its resolution against a
+// The "cuda:<ordinal>" entries of the RDMA priority matrix
+// (docs/wire-protocol.md): the driver's PCI bus id in sysfs form, its resolution against a
 // sysfs root, discovery without libcuda, and an end-to-end run over
 // softverbs where two fake GPUs (stand-ins: a directory with numa_node in
 // the fake sysfs, no device behind it) sit behind the bridges of two NICs.

@@ -27,7 +27,7 @@ TEST(rdma_handshake_encode_exact) {
     HandShakeDesc ack = make_ack(r);
     CHECK(ack.is_ack());
     CHECK(encode_handshake(ack).dump().find("\"ready_ack\":true") != std::string::npos);
-    // The TCP-only reply, byte for byte (upstream's protocol).
+    // The TCP-only reply, byte for byte (docs/wire-protocol.md, Handshake port).
     CHECK_EQ(encode_handshake(empty_handshake()).dump(),
              std::string("{\"local_gid\":\"\",\"local_lid\":0,\"local_nic_path\":\"\",\"payload\":\"\","
                          "\"peer_nic_path\":\"\",\"qp_num\":[],\"reply_msg\":\"\"}"));

@@ -1,5 +1,6 @@
-// The endpoint handshake of upstream's protocol against real transports over
-// softverbs: the ready-ACK timeout on both sides (injected, well under a
+// The endpoint handshake (docs/wire-protocol.md, RDMA endpoint handshake)
+// against real transports over softverbs: the ready-ACK timeout on both
+// sides (injected, well under a
 // second) and the passive side taking an empty local_gid from the
 // requester's published descriptor.
 #include <atomic>

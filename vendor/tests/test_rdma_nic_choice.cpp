@@ -1,5 +1,5 @@
-// Local NIC choice by buffer location (upstream's protocol): the pure
-// plan/pick functions, then engines over softverbs whose NICs sit on
+// Local NIC choice by buffer location (docs/wire-protocol.md, RDMA priority
+// matrix): the pure plan/pick functions, then engines over softverbs whose NICs sit on
 // different NUMA nodes, a custom matrix (MC_CUSTOM_TOPO_JSON and
 // installTransport's args[0]) and the fallback when a preferred NIC is down.
 #include <chrono>
@@ -289,8 +289,9 @@ TEST(rdma_install_transport_with_topology_arg) {
     }
 }
 
-// 6.5: the peer NIC follows the peer's published matrix for the TARGET
-// buffer's location; a paused rail to the preferred peer NIC moves the
+// The peer NIC follows the peer's published matrix for the TARGET buffer's
+// location (docs/wire-protocol.md, RDMA priority matrix); a paused rail to
+// the preferred peer NIC moves the
 // slices to the peer's other NIC.
 TEST(rdma_peer_nics_follow_target_buffer_location) {
     svtest::configure("sv0:roce:numa=0,sv1:roce:numa=1,sv2:roce:numa=0,sv3:roce:numa=1");

@@ -1,5 +1,6 @@
-// Port down/up async events and what the engine publishes (upstream's protocol): the NIC's
-// usable flag in topology_json, its removal from the
+// Port down/up async events and what the engine publishes
+// (docs/wire-protocol.md, RDMA priority matrix): the NIC's usable flag in
+// topology_json, its removal from the
 // descriptor's matrix with devices[]/rkey[] kept consistent, and a peer
 // reading the fresh descriptor using only the remaining NIC.
 #include <chrono>
@@ -113,7 +114,8 @@ std::string published_gid(mcrs::TransferEngine &e, const std::string &nic) {
 
 }  // namespace
 
-// 6.6: GID_CHANGE re-reads the port, re-selects the GID and republishes;
+// GID_CHANGE re-reads the port, re-selects the GID and republishes
+// (docs/wire-protocol.md, RDMA GID selection);
 // endpoints built on the old GID are torn down so both directions
 // re-handshake and still move verified data.
 TEST(rdma_gid_change_republishes_and_reconnects) {

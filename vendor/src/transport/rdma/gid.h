@@ -1,5 +1,6 @@
-// GIDs: the text format of upstream's protocol and the automatic choice of a
-// port's GID index. Pure logic over plain structs; the verbs layer fills a
+// GIDs: the text form (docs/wire-protocol.md, GID text form) and the
+// automatic choice of a port's GID index (same document, RDMA GID
+// selection). Pure logic over plain structs; the verbs layer fills a
 // GidEntry table from ibv_query_gid_ex (or sysfs) and asks for an index.
 #pragma once
 
@@ -25,7 +26,7 @@ bool gid_is_zero(const Gid &g) noexcept;
 bool gid_is_ipv4_mapped(const Gid &g) noexcept;
 // fe80::/10
 bool gid_is_link_local(const Gid &g) noexcept;
-// IPv4-mapped and in 10/8, 172.16/12 or 100.64/10 (the set named in 6.4).
+// IPv4-mapped and in 10/8, 172.16/12 or 100.64/10 (RDMA GID selection).
 bool gid_is_private_ipv4(const Gid &g) noexcept;
 // Bytes 11 and 12 are ff:fe: the interface id is an EUI-64 built from a MAC.
 bool gid_has_eui64_marker(const Gid &g) noexcept;
@@ -36,8 +37,8 @@ const char *gid_type_name(GidType t) noexcept;
 // InfiniBand port, RoCEv1 on an Ethernet port; anything else Unknown.
 GidType gid_type_from_sysfs(const std::string &text, bool port_is_ib);
 
-// The netdev names 6.4 calls "degraded": flannel*, cni*, calico*, vxlan*,
-// docker*, tunl0*.
+// The netdev names RDMA GID selection calls "degraded": flannel*, cni*,
+// calico*, vxlan*, docker*, tunl0*.
 bool netdev_is_degraded(const std::string &netdev);
 
 struct GidEntry {
@@ -48,7 +49,7 @@ struct GidEntry {
     bool queryable = true;
 };
 
-// Priority class of 6.4, 1 (best) .. 7 (fallback); 0 = never selectable
+// Priority class (RDMA GID selection), 1 (best) .. 7 (fallback); 0 = never selectable
 // (zero GID or not queryable). Classes 1..6 are for IB and RoCEv2 entries:
 //   degraded (netdev_is_degraded, or a link-local RoCEv2 GID): 4 with a netdev, 6 without
 //   else private IPv4-mapped:                                 3 with a netdev, 5 without

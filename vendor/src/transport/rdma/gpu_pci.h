@@ -1,6 +1,7 @@
 // Where the GPUs sit on the PCI tree, for the "cuda:<ordinal>" entries of the
-// priority matrix (upstream's protocol): the driver's bus ids in the form sysfs
-// uses, resolved against a sysfs root (injectable, like the NICs' paths).
+// priority matrix (docs/wire-protocol.md, RDMA priority matrix): the driver's
+// bus ids in the form sysfs uses, resolved against a sysfs root (injectable,
+// like the NICs' paths).
 #pragma once
 
 #include <optional>

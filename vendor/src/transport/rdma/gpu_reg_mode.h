@@ -1,6 +1,6 @@
-// GPU memory registration for RDMA (upstream's protocol): WITH_NVIDIA_PEERMEM,
-// resolving GpuRegistrationMode::Auto from what the host offers, and the
-// text of registration failures.
+// GPU memory registration for RDMA (docs/wire-protocol.md, RDMA GPU memory
+// registration): WITH_NVIDIA_PEERMEM, resolving GpuRegistrationMode::Auto
+// from what the host offers, and the text of registration failures.
 #pragma once
 
 #include <cstdint>

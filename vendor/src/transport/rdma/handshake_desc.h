@@ -1,6 +1,7 @@
-// The RDMA endpoint handshake body (upstream's protocol) and the checks both
-// sides of 6.2 apply to it, as pure functions. The transport owns the QPs
-// and the endpoint table; these functions only say what to do.
+// The RDMA endpoint handshake body and the checks both sides apply to it,
+// as pure functions (docs/wire-protocol.md, RDMA endpoint handshake). The
+// transport owns the QPs and the endpoint table; these functions only say
+// what to do.
 #pragma once
 
 #include <cstdint>
@@ -65,7 +66,7 @@ bool handshake_is_empty(const HandShakeDesc &d);
 bool split_nic_path(const std::string &nic_path, std::string &server, std::string &device);
 std::string make_nic_path(const std::string &server, const std::string &device);
 
-// Step 1 / step 4 of 6.2 (active side).
+// Steps 1 and 4 of the handshake sequence (active side).
 HandShakeDesc make_request(const std::string &own_nic_path, const std::string &target_nic_path,
                            uint32_t lid, const std::string &gid,
                            const std::vector<uint32_t> &qp_num);

@@ -1,7 +1,8 @@
 // Which local NICs a request stripes over and which peer NICs it targets
-// (upstream's protocol: the priority matrix entry of the buffer's location,
-// ours for the local buffer, the peer's for the target buffer) and which
-// (local NIC, peer NIC) rail one slice takes, as pure functions over indexes.
+// (the priority matrix entry of the buffer's location, ours for the local
+// buffer, the peer's for the target buffer; docs/wire-protocol.md, RDMA
+// priority matrix) and which (local NIC, peer NIC) rail one slice takes, as
+// pure functions over indexes.
 #pragma once
 
 #include <cstddef>

@@ -6,6 +6,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/text.h"
 
 namespace mcrs::rdma {
 
@@ -24,12 +25,6 @@ std::vector<std::string> parse_device_list(const std::string &text) {
 }
 
 namespace {
-
-std::string join(const std::vector<std::string> &v) {
-    std::string out;
-    for (const auto &s : v) out += (out.empty() ? "" : ",") + s;
-    return out;
-}
 
 bool contains(const std::vector<std::string> &v, const std::string &s) {
     return std::find(v.begin(), v.end(), s) != v.end();
@@ -61,18 +56,18 @@ NicFilterResult filter_devices(const std::vector<std::string> &discovered,
             }
         if (!unk.empty())
             unknown_text += std::string(unknown_text.empty() ? "" : "; ") + l.label + " names " +
-                            join(unk);
+                            join_list(unk);
     }
     if (!unknown_text.empty()) {
         r.warning = unknown_text + " which match no RDMA device (found: " +
-                    (discovered.empty() ? "none" : join(discovered)) + ")";
+                    (discovered.empty() ? "none" : join_list(discovered)) + ")";
         MC_LOG(Warn, r.warning);
     }
     if (r.kept.empty() && !discovered.empty())
         throw Error(kErrDeviceNotFound,
-                    "no RDMA device left after filtering: found " + join(discovered) +
-                        "; device allow-list=[" + join(allow) + "], MC_TE_FILTERS=[" +
-                        join(env_filters) + "], deny-list=[" + join(deny) +
+                    "no RDMA device left after filtering: found " + join_list(discovered) +
+                        "; device allow-list=[" + join_list(allow) + "], MC_TE_FILTERS=[" +
+                        join_list(env_filters) + "], deny-list=[" + join_list(deny) +
                         "]. Name at least one of the found devices in device_name / "
                         "MC_TE_FILTERS");
     return r;
@@ -100,7 +95,7 @@ std::string describe(const std::vector<NicLink> &v) {
         for (const auto &n : v)
             if (n.link_layer == ll) names.push_back(n.name);
         if (names.empty()) continue;
-        out += std::string(out.empty() ? "" : "; ") + link_layer_name(ll) + " (" + join(names) + ")";
+        out += std::string(out.empty() ? "" : "; ") + link_layer_name(ll) + " (" + join_list(names) + ")";
     }
     return out;
 }

@@ -1,5 +1,6 @@
-// Failure handling of upstream's protocol: what a work completion status means
-// for a slice, and per peer-NIC-path ("rail") error accounting with pauses.
+// RDMA failure handling (docs/wire-protocol.md, RDMA slicing and failure
+// handling): what a work completion status means for a slice, and per
+// peer-NIC-path ("rail") error accounting with pauses.
 #pragma once
 
 #include <atomic>

@@ -41,8 +41,9 @@ void RdmaTransport::retry_slice(Slice *s, const std::string &why, bool blame, bo
     RdmaContext &c = *ctxs_[nic];
     c.errors.fetch_add(1);
     if (blame) {
-        // 6.6: pause at once when another rail can carry the slice, else
-        // after RailPolicy::error_threshold errors in the window.
+        // Pause at once when another rail can carry the slice, else after
+        // RailPolicy::error_threshold errors in the window
+        // (docs/wire-protocol.md, RDMA slicing and failure handling).
         bool alt = false;
         size_t nl = plan_size(*s->plan), np = plan_size(*s->peer_plan);
         size_t cur_peer = s->peer_idx();

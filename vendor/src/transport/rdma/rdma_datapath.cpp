@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "common/range.h"
 #include "transport/rdma/nic_choice.h"
 #include "transport/rdma/nic_filter.h"
@@ -26,12 +27,6 @@ namespace mcrs::rdma {
 namespace {
 
 // "0x1f", for error messages.
-std::string hexs(uint64_t v) {
-    char b[32];
-    snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
-    return b;
-}
-
 }  // namespace
 
 std::shared_ptr<RdmaTransport::PeerRoute> RdmaTransport::route_for(
@@ -98,7 +93,7 @@ std::string RdmaTransport::check_item(const TransferItem &item, const SegmentDes
         }
     }
     if (!local_ok)
-        return "local range " + hexs(laddr) + "+" + std::to_string(item.length) +
+        return "local range " + hex(laddr) + "+" + std::to_string(item.length) +
                " is not registered with the RDMA transport";
     // Remote range inside one of the peer's published buffers with rkeys?
     size_t pb = peer.buffers.size();
@@ -110,10 +105,10 @@ std::string RdmaTransport::check_item(const TransferItem &item, const SegmentDes
         }
     }
     if (pb == peer.buffers.size())
-        return "remote range " + hexs(item.remote_addr) + "+" + std::to_string(item.length) +
+        return "remote range " + hex(item.remote_addr) + "+" + std::to_string(item.length) +
                " is not inside a buffer published by segment '" + peer.name + "'";
     if (peer.buffers[pb].rkey.size() < peer.devices.size())
-        return "the buffer at " + hexs(peer.buffers[pb].addr) + " of segment '" + peer.name +
+        return "the buffer at " + hex(peer.buffers[pb].addr) + " of segment '" + peer.name +
                "' is not remote-accessible over RDMA (no rkey per device)";
     peer_buf = pb;
     return "";
@@ -137,8 +132,9 @@ void RdmaTransport::submit(const std::shared_ptr<const SegmentDesc> &peer,
             continue;
         }
         uint64_t laddr = reinterpret_cast<uint64_t>(it.local);
-        // The local NICs of the buffer's location (6.3) and the peer NICs of
-        // the target buffer's location (6.5), the rest as fallback.
+        // The local NICs of the buffer's location and the peer NICs of the
+        // target buffer's location, the rest as fallback
+        // (docs/wire-protocol.md, RDMA priority matrix).
         auto lp = route->local_plan(topo_, location);
         auto pp = route->peer_plan(peer->buffers[pb].name);
         auto st = std::make_shared<detail::ItemState>();

@@ -10,6 +10,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "transport/rdma/gid.h"
 #include "transport/rdma/gpu_pci.h"
 #include "transport/rdma/nic_filter.h"
@@ -24,11 +25,7 @@ using detail::to_ibv_gid;
 namespace {
 
 // "[a,b,c]", for error messages.
-std::string join(const std::vector<std::string> &v) {
-    std::string s;
-    for (const auto &x : v) s += (s.empty() ? "" : ",") + x;
-    return "[" + s + "]";
-}
+std::string join(const std::vector<std::string> &v) { return "[" + join_list(v) + "]"; }
 
 Gid from_ibv_gid(const ibv::gid &g) {
     Gid out{};
@@ -242,9 +239,10 @@ bool RdmaTransport::refresh_port(size_t nic) {
 }
 
 void RdmaTransport::fill_descriptor(SegmentDesc &d) const {
-    // 6.6: a disabled NIC leaves the published matrix. devices[], lkey[] and
-    // rkey[] follow the published matrix's HCA order so the name sets stay
-    // equal and index-based readers stay consistent. All down: publish all.
+    // A disabled NIC leaves the published matrix (docs/wire-protocol.md,
+    // RDMA priority matrix). devices[], lkey[] and rkey[] follow the
+    // published matrix's HCA order so the name sets stay equal and
+    // index-based readers stay consistent. All down: publish all.
     std::vector<size_t> order;
     Topology pub = topo_.filtered([this](const std::string &name) {
         for (const auto &c : ctxs_)

@@ -282,8 +282,9 @@ Json RdmaTransport::accept_passive(const HandShakeDesc &req, const std::string &
         if (ctxs_[i]->name == local_device) nic = i;
     if (nic == ctxs_.size() || !ctxs_[nic]->usable.load())
         return encode_handshake(reject_handshake("device " + local_device + " is not usable"));
-    // upstream's protocol: an empty local_gid is looked up (with the
-    // LID) in the requester's published devices[] by NIC name.
+    // An empty local_gid is looked up (with the LID) in the requester's
+    // published devices[] by NIC name (docs/wire-protocol.md, RDMA endpoint
+    // handshake).
     std::string gid_text = req.local_gid;
     uint32_t peer_lid = req.local_lid;
     if (gid_text.empty()) {
@@ -380,8 +381,9 @@ void RdmaTransport::events_loop() {
             api.ack_async_event(&ev);
             RdmaContext &c = *ctxs_[i];
             MC_LOG(Warn, "RDMA async event on " << c.name << ": " << ibv::event_type_name(type));
-            // 6.6: the GID (or LID/MTU) may have moved; the descriptor built
-            // from it is fresh on the next read. Endpoints set up with the old
+            // The GID (or LID/MTU) may have moved (docs/wire-protocol.md,
+            // RDMA GID selection); the descriptor built from it is fresh on
+            // the next read. Endpoints set up with the old
             // address go, so the next post re-handshakes.
             bool readdressed = (type == ibv::IBV_EVENT_GID_CHANGE || type == ibv::IBV_EVENT_PORT_ACTIVE) &&
                                refresh_port(i);

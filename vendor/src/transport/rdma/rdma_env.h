@@ -1,5 +1,5 @@
-// The RDMA transport's knobs (upstream's protocol), read once from the
-// environment. Policy on bad values, per knob in rdma_env.cpp: upstream's
+// The RDMA transport's knobs (docs/wire-protocol.md, Limits and knobs), read
+// once from the environment. Policy on bad values, per knob in rdma_env.cpp: upstream's
 // "warning + default" for every tuning knob, a thrown Error for MC_GID_INDEX
 // / NCCL_IB_GID_INDEX (a silently wrong GID index selects the wrong RoCE
 // version, which only shows up as an RTR failure much later).

@@ -96,8 +96,8 @@ struct RdmaTransportOptions {
     // set, else transfer_timeout_ms.
     uint32_t slice_timeout_ms = 0;
     uint32_t transfer_timeout_ms = 30000;
-    // upstream's protocol: both the active side's wait for the ACK reply
-    // and the passive side's wait for the ACK itself.
+    // Both the active side's wait for the ACK reply and the passive side's
+    // wait for the ACK itself (docs/wire-protocol.md, RDMA endpoint handshake).
     uint32_t ready_ack_timeout_ms = 10000;
     // installTransport's args[0]: a priority matrix (JSON text) that
     // replaces discovery and MC_CUSTOM_TOPO_JSON. "" = none.
@@ -170,9 +170,10 @@ private:
     // Moves the opened NICs the matrix names into ctxs_ in its order and
     // closes the others.
     void adopt_in_matrix_order(std::vector<std::unique_ptr<RdmaContext>> &opened);
-    // 6.6: re-queries the port of NIC `nic` (lid, active_mtu) and re-selects
-    // its GID (MC_GID_INDEX honoured). Returns whether the address changed;
-    // false (logged) when the port cannot be queried or has no usable GID.
+    // Re-queries the port of NIC `nic` (lid, active_mtu) and re-selects its
+    // GID (MC_GID_INDEX honoured; docs/wire-protocol.md, RDMA GID selection).
+    // Returns whether the address changed; false (logged) when the port
+    // cannot be queried or has no usable GID.
     bool refresh_port(size_t nic);
     void poller_loop();
     void events_loop();

@@ -79,7 +79,8 @@ struct RdmaTransport::PeerRoute {
         if (!p) p = std::make_shared<const NicPlan>(plan_local_nics(t, location, lnics));
         return p;
     }
-    // 6.5: the peer NICs of the target buffer's location (its "name").
+    // The peer NICs of the target buffer's location (its "name";
+    // docs/wire-protocol.md, RDMA priority matrix).
     std::shared_ptr<const NicPlan> peer_plan(const std::string &location) {
         std::lock_guard<std::mutex> g(mu);
         auto &p = peer_plans[location];

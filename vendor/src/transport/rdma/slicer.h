@@ -1,5 +1,6 @@
-// Cutting one transfer request into RDMA work requests (upstream's protocol) and
-// spreading the slices over the local NICs.
+// Cutting one transfer request into RDMA work requests and spreading the
+// slices over the local NICs (docs/wire-protocol.md, RDMA slicing and failure
+// handling).
 #pragma once
 
 #include <cstddef>

@@ -64,7 +64,8 @@ std::string gpu_pci_path(const std::string &pci_root, const std::string &bus_id)
 int pci_numa_node(const std::string &pci_root, const std::string &bus_id);
 
 // True when `path` is a character device this process may read and write
-// (the check 6.3 applies to the device's uverbs node).
+// (the check NIC discovery applies to the device's uverbs node;
+// docs/wire-protocol.md, RDMA priority matrix).
 bool is_rw_char_device(const std::string &path);
 
 }  // namespace mcrs::rdma

@@ -1,6 +1,7 @@
-// The priority matrix of upstream's protocol: which NICs serve which memory
-// location, its JSON form, the HCA index order, and device selection on both
-// sides of a transfer (our own devices, and a peer's published devices).
+// The priority matrix (docs/wire-protocol.md, RDMA priority matrix): which
+// NICs serve which memory location, its JSON form, the HCA index order, and
+// device selection on both sides of a transfer (our own devices, and a
+// peer's published devices).
 #pragma once
 
 #include <atomic>
@@ -45,7 +46,7 @@ struct TopologyEntry {
 // empty.
 int pci_distance(const std::string &a, const std::string &b);
 
-// The pick rule of 6.3 over one entry. retry <= 0: preferred[random % n]
+// The pick rule (RDMA priority matrix) over one entry. retry <= 0: preferred[random % n]
 // (available when preferred is empty). retry k > 0: entry (k-1) mod n of
 // preferred followed by available. `excluded` (may be empty) skips devices,
 // e.g. paused rails: at retry 0 the pick is made among the non-excluded ones;
@@ -59,7 +60,7 @@ class Topology {
 public:
     Topology() = default;
 
-    // Discovery (6.3). Unusable NICs are left out. For every node N of
+    // Discovery (RDMA priority matrix). Unusable NICs are left out. For every node N of
     // `numa_nodes` (when empty: node 0 alone): "cpu:N", preferred = NICs on N,
     // available = the others. For every GPU: "<gpu_prefix>:<ordinal>",
     // candidates = NICs on the GPU's NUMA node (all NICs when the GPU's node
