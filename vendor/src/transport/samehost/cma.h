@@ -32,7 +32,5 @@ size_t cma_copy_many(pid_t pid, bool to_remote, const CmaPiece *pieces, size_t n
 // ptrace access rules: e.g. a non-dumpable peer is refused). Probed by
 // opening /proc/<pid>/mem, which applies the same check. 0 or an errno.
 int cma_check_access(pid_t pid);
-// Fills `out` with `len` random bytes (getrandom, /dev/urandom as fallback).
-bool random_bytes(void *out, size_t len);
 
 }  // namespace mcrs

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "common/random.h"
 #include "common/log.h"
 #include "transport/samehost/cma.h"
 
