@@ -73,7 +73,8 @@ int discoverTopology(transfer_engine_t engine) {
     return guard_errcode("discoverTopology", [&]() -> int {
         engine_of(engine, "discoverTopology");
         throw Error(kErrNotImplemented,
-                    "RDMA topology discovery is not implemented yet (TCP-only engine)");
+                    "discoverTopology is not supported: NICs are discovered when the RDMA transport is "
+                    "installed (mc_engine_rdma_topology reports the result)");
     });
 }
 
@@ -312,7 +313,7 @@ int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats, int *count
         set_last_error(kErrInvalidArgument, "getNicLoadStats: null argument");
         return -1;
     }
-    set_last_error(kErrNotImplemented, "getNicLoadStats: no RDMA NICs in a TCP-only engine");
+    set_last_error(kErrNotImplemented, "getNicLoadStats is not supported: mc_engine_rdma_counters reports per-NIC work requests and bytes");
     return kStatusNotImplemented;
 }
 
