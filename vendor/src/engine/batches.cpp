@@ -199,6 +199,10 @@ void TransferEngine::dispatch(int32_t target, std::vector<TransferItem> &items, 
         rdma()->submit(desc, items);
         return;
     }
+    if (!t->routes.cuda_ipc && !t->routes.same_host) {
+        send_tcp(*desc, items);  // every request goes over TCP: no per-item sorting
+        return;
+    }
     thread_local std::vector<TransferItem> via_same, via_tcp;
     std::vector<TransferItem> via_ipc;  // GPU-only path: allocating here is fine
     std::vector<IpcTarget> ipc_targets;
