@@ -42,7 +42,7 @@ std::string IoResult::describe() const {
     return "?";
 }
 
-static IoResult io_error(int e, size_t done) {
+IoResult io_error(int e, size_t done) {
     IoResult r;
     r.done = done;
     if (e == EAGAIN || e == EWOULDBLOCK) {
@@ -51,6 +51,13 @@ static IoResult io_error(int e, size_t done) {
         r.status = IoStatus::Error;
         r.err = e;
     }
+    return r;
+}
+
+IoResult io_eof(size_t done) {
+    IoResult r;
+    r.status = IoStatus::Eof;
+    r.done = done;
     return r;
 }
 
@@ -118,12 +125,7 @@ IoResult recvv_all(int fd, struct iovec *iov, int iovcnt) {
             if (errno == EINTR) continue;
             return io_error(errno, done);
         }
-        if (n == 0) {
-            IoResult r;
-            r.status = IoStatus::Eof;
-            r.done = done;
-            return r;
-        }
+        if (n == 0) return io_eof(done);
         done += static_cast<size_t>(n);
         advance_iov(iov, iovcnt, static_cast<size_t>(n));
     }

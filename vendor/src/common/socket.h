@@ -46,6 +46,12 @@ struct IoResult {
     std::string describe() const;
 };
 
+// The result of a failed read or write: EAGAIN/EWOULDBLOCK (a socket
+// timeout) is Timeout, anything else Error with the errno.
+IoResult io_error(int e, size_t done);
+// The peer closed the connection after `done` bytes.
+IoResult io_eof(size_t done);
+
 IoResult send_all(int fd, const void *data, size_t len);
 // Sends every byte of the iovec array; `iov` is modified in place.
 IoResult sendv_all(int fd, struct iovec *iov, int iovcnt);

@@ -125,22 +125,9 @@ public:
                     if (!flush()) return failed(err_ ? err_ : EPIPE, done);
                     continue;
                 }
-                IoResult r;
-                r.done = done;
-                if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                    r.status = IoStatus::Timeout;
-                } else {
-                    r.status = IoStatus::Error;
-                    r.err = errno;
-                }
-                return r;
+                return io_error(errno, done);
             }
-            if (got == 0) {
-                IoResult r;
-                r.status = IoStatus::Eof;
-                r.done = done;
-                return r;
-            }
+            if (got == 0) return io_eof(done);
             size_t g = static_cast<size_t>(got);
             size_t to_mem = g < n - done ? g : n - done;
             done += to_mem;
@@ -174,20 +161,9 @@ public:
                     if (!flush()) return failed(err_ ? err_ : EPIPE, 0);
                     continue;
                 }
-                IoResult r;
-                if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                    r.status = IoStatus::Timeout;
-                } else {
-                    r.status = IoStatus::Error;
-                    r.err = errno;
-                }
-                return r;
+                return io_error(errno, 0);
             }
-            if (got == 0) {
-                IoResult r;
-                r.status = IoStatus::Eof;
-                return r;
-            }
+            if (got == 0) return io_eof(0);
             end_ += static_cast<size_t>(got);
             drained_ = static_cast<size_t>(got) < space;
             tried_nonblocking = false;
