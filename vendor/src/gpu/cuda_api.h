@@ -19,6 +19,8 @@ enum {
     cudaErrorInvalidValue = 1,
     cudaErrorInsufficientDriver = 35,
     cudaErrorNoDevice = 100,
+    cudaErrorNotReady = 600,
+    cudaErrorNotSupported = 801,
     cudaErrorPeerAccessAlreadyEnabled = 704,
 };
 
@@ -94,6 +96,34 @@ cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDev
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice, size_t count,
                                 cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize(void);
+
+// Batched copies (runtime 12.8 and later; the driver must support them
+// too, else the call fails and the engine copies one by one). The
+// attribute struct is 24 bytes in CUDA 12 and 13 (cudaMemLocation is an
+// enum and an int-sized union in both).
+enum cudaMemcpySrcAccessOrder {
+    cudaMemcpySrcAccessOrderInvalid = 0,
+    cudaMemcpySrcAccessOrderStream = 1,
+};
+struct cudaMemLocation {
+    int type;
+    int id;
+};
+struct cudaMemcpyAttributes {
+    enum cudaMemcpySrcAccessOrder srcAccessOrder;
+    struct cudaMemLocation srcLocHint;
+    struct cudaMemLocation dstLocHint;
+    unsigned int flags;
+};
+#if MC_CUDA_MAJOR >= 13
+cudaError_t cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, const size_t *sizes, size_t count,
+                                 struct cudaMemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs,
+                                 cudaStream_t stream);
+#else
+cudaError_t cudaMemcpyBatchAsync(void **dsts, void **srcs, size_t *sizes, size_t count,
+                                 struct cudaMemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs,
+                                 size_t *failIdx, cudaStream_t stream);
+#endif
 
 }  // extern "C"
 

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,19 @@ PeerPath peer_path(int from, int to);
 // A synchronous copy between memory that may live on two GPUs (device -1 =
 // host memory): uses the direct peer path when it exists. Throws Error.
 void copy_between(void *dst, int dst_device, const void *src, int src_device, size_t n);
+// One piece of a batched copy (device -1 = host memory).
+struct CopyPiece {
+    void *dst;
+    int dst_device;
+    const void *src;
+    int src_device;
+    size_t n;
+};
+// Copies every piece like copy_between, but queued on one stream with one
+// wait at the end instead of one per piece; pieces that continue the
+// previous one on both sides are merged into one copy. Throws Error (the
+// pieces' bytes are then unspecified).
+void copy_many(const CopyPiece *pieces, size_t count);
 void memset_device(void *dst, int value, size_t n, int device);
 void *alloc_device(int device, size_t n);
 void free_device(void *ptr, int device);
@@ -64,6 +78,44 @@ void free_pinned(void *ptr);
 // TCP with device memory: pipelined through pinned staging buffers.
 IoResult send_from_device(int fd, const void *dev, size_t n, int device, std::string &err);
 IoResult recv_into_device(int fd, void *dev, size_t n, int device, std::string &err);
+
+// Staging for runs of small TCP requests with GPU memory (KV blocks): a
+// pinned buffer in two halves and one stream. Copies between a half and
+// device memory are queued (a piece that continues the previous one on
+// both sides extends it) and issued together, as one batched call; the
+// user waits on a half before its bytes are read (copies from the device)
+// or overwritten (copies to the device). One thread at a time; the buffer,
+// stream and events come with the first ready().
+class StageRing {
+public:
+    StageRing();
+    ~StageRing();
+    StageRing(const StageRing &) = delete;
+    StageRing &operator=(const StageRing &) = delete;
+
+    // Bytes per half.
+    static constexpr size_t kHalfBytes = size_t(2) << 20;
+    // Requests up to this size are staged in batches; larger ones go
+    // through the chunked pipeline (send_from_device / recv_into_device).
+    static constexpr size_t kMaxPiece = kHalfBytes / 2;
+
+    // Set up for GPU `device` (once; a ring serves one device). false with
+    // `err` when CUDA cannot, or when the ring already serves another device:
+    // the caller then takes the unbatched path.
+    bool ready(int device, std::string &err);
+    char *half(int h) const;
+    // Queues a copy (device memory <-> this ring's halves).
+    void queue(void *dst, const void *src, size_t n);
+    size_t queued_bytes() const;
+    // Issues what is queued and marks half `h`: wait(h) returns once every
+    // copy issued so far has finished.
+    bool issue(int h, std::string &err);
+    bool wait(int h, std::string &err);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
 
 // CUDA IPC for the same-host path.
 struct IpcExport {

@@ -5,9 +5,11 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "gpu/copy_batch.h"
 #include "gpu/cuda_api.h"
 #include "gpu/gpu.h"
 
@@ -107,10 +109,104 @@ void copy_between(void *dst, int dst_device, const void *src, int src_device, si
     }
 }
 
+namespace {
+
+// A stream of this thread for batched copies on `device` (the batched call
+// refuses the legacy default stream).
+cudaStream_t batch_stream(int device) {
+    struct Streams {
+        std::vector<cudaStream_t> s;
+        ~Streams() {
+            for (auto x : s)
+                if (x) cudaStreamDestroy(x);
+        }
+    };
+    thread_local Streams t;
+    if (device < 0) return nullptr;
+    if (t.s.size() <= static_cast<size_t>(device)) t.s.resize(static_cast<size_t>(device) + 1, nullptr);
+    cudaStream_t &st = t.s[static_cast<size_t>(device)];
+    if (!st) {
+        cudaSetDevice(device);
+        if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
+            cudaGetLastError();
+            st = nullptr;
+        }
+    }
+    return st;
+}
+
+}  // namespace
+
+void copy_many(const CopyPiece *p, size_t count) {
+    if (count == 0) return;
+    require_usable("GPU copy");
+    // Merge pieces that continue the previous one on both sides.
+    thread_local std::vector<CopyPiece> run;
+    run.clear();
+    bool one_device = true;  // every piece GPU d -> GPU d, for one d
+    for (size_t i = 0; i < count; ++i) {
+        const CopyPiece &c = p[i];
+        if (c.n == 0) continue;
+        one_device = one_device && c.dst_device >= 0 && c.dst_device == c.src_device &&
+                     (run.empty() || run[0].dst_device == c.dst_device);
+        if (!run.empty()) {
+            CopyPiece &b = run.back();
+            if (c.dst_device == b.dst_device && c.src_device == b.src_device &&
+                static_cast<char *>(b.dst) + b.n == c.dst && static_cast<const char *>(b.src) + b.n == c.src) {
+                b.n += c.n;
+                continue;
+            }
+        }
+        run.push_back(c);
+    }
+    if (run.empty()) return;
+    cudaError_t e = cudaSuccess;
+    cudaStream_t stream = one_device ? batch_stream(run[0].dst_device) : nullptr;
+    if (stream) {
+        // One batched call for the whole submission.
+        thread_local std::vector<void *> dst;
+        thread_local std::vector<const void *> src;
+        thread_local std::vector<size_t> len;
+        dst.clear();
+        src.clear();
+        len.clear();
+        for (const auto &c : run) {
+            dst.push_back(c.dst);
+            src.push_back(c.src);
+            len.push_back(c.n);
+        }
+        e = enqueue_copies(stream, dst.data(), src.data(), len.data(), len.size());
+    } else {
+        stream = cudaStreamPerThread;
+        for (size_t i = 0; i < run.size() && e == cudaSuccess; ++i) {
+            const CopyPiece &c = run[i];
+            if (c.dst_device < 0 || c.src_device < 0 || c.dst_device == c.src_device) {
+                e = cudaMemcpyAsync(c.dst, c.src, c.n, cudaMemcpyDefault, stream);
+            } else {
+                peer_path(c.src_device, c.dst_device);
+                peer_path(c.dst_device, c.src_device);
+                e = cudaMemcpyPeerAsync(c.dst, c.dst_device, c.src, c.src_device, c.n, stream);
+            }
+        }
+    }
+    // One wait for the whole batch, also after a failed enqueue (copies
+    // already queued may still be running).
+    cudaError_t s = cudaStreamSynchronize(stream);
+    if (e == cudaSuccess) e = s;
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw Error(kErrContext, "batched GPU copy (" + std::to_string(count) + " pieces, " +
+                                     std::to_string(run.size()) + " copies) failed: " + cudaGetErrorString(e));
+    }
+}
+
 #else  // CPU build
 
 PeerPath peer_path(int from, int to) { return from == to ? PeerPath::SameDevice : PeerPath::Staged; }
 void copy_between(void *dst, int, const void *src, int, size_t n) { copy(dst, src, n); }
+void copy_many(const CopyPiece *, size_t count) {
+    if (count) require_usable("GPU copy");
+}
 
 #endif
 

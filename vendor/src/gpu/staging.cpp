@@ -2,6 +2,7 @@
 // through two pinned host buffers per thread, so the copy engine works on
 // chunk i+1 while the socket moves chunk i.
 #include <cerrno>
+#include <cstdlib>
 #include <map>
 #include <memory>
 
@@ -16,7 +17,23 @@ namespace gpu {
 
 namespace {
 
-constexpr size_t kChunk = 4u << 20;
+// Pipeline chunk: small enough that a 4 MiB request has several chunks
+// in flight (copy engine and socket overlap inside one request), large
+// enough that the per-chunk event wait stays cheap. MC_GPU_STAGE_CHUNK_KIB
+// overrides it (64 KiB .. 16 MiB).
+size_t chunk_bytes() {
+    static const size_t v = [] {
+        size_t kib = 1024;
+        if (const char *e = std::getenv("MC_GPU_STAGE_CHUNK_KIB")) {
+            char *end = nullptr;
+            unsigned long long x = std::strtoull(e, &end, 10);
+            if (end != e && *end == '\0' && x >= 64 && x <= 16384) kib = static_cast<size_t>(x);
+            else MC_LOG(Warn, "MC_GPU_STAGE_CHUNK_KIB=" << e << " ignored (64..16384)");
+        }
+        return kib << 10;
+    }();
+    return v;
+}
 
 struct Stager {
     int device = -1;
@@ -26,6 +43,7 @@ struct Stager {
     bool ok = false;
     std::string error;
 
+    const size_t kChunk = chunk_bytes();
     explicit Stager(int dev) : device(dev) {
         cudaSetDevice(dev);
         cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -70,6 +88,7 @@ IoResult cuda_failure(cudaError_t e, const char *what, std::string &err) {
 IoResult send_from_device(int fd, const void *dev, size_t n, int device, std::string &err) {
     Stager *s = stager_for(device, err);
     if (!s) return cuda_failure(cudaErrorInvalidValue, "GPU staging", err);
+    const size_t kChunk = s->kChunk;
     const char *src = static_cast<const char *>(dev);
     size_t chunks = (n + kChunk - 1) / kChunk;
     auto len_of = [&](size_t i) { return i + 1 < chunks ? kChunk : n - i * kChunk; };
@@ -105,6 +124,7 @@ IoResult send_from_device(int fd, const void *dev, size_t n, int device, std::st
 IoResult recv_into_device(int fd, void *dev, size_t n, int device, std::string &err) {
     Stager *s = stager_for(device, err);
     if (!s) return cuda_failure(cudaErrorInvalidValue, "GPU staging", err);
+    const size_t kChunk = s->kChunk;
     char *dst = static_cast<char *>(dev);
     size_t chunks = (n + kChunk - 1) / kChunk;
     size_t got = 0;

@@ -60,6 +60,9 @@ private:
     void work();
     void *map(const IpcTarget &t, int &mapped_device, std::string &err);
     void copy(TransferItem &it, const IpcTarget &t, char *base, int mapped_device);
+    // The already-mapped items `idx` of a submission, as one batched copy.
+    void copy_batch(std::vector<TransferItem> &items, const std::vector<IpcTarget> &targets,
+                    const std::vector<size_t> &idx, const std::vector<std::pair<char *, int>> &bases);
 
     std::mutex mu_;
     std::condition_variable cv_;
