@@ -157,6 +157,11 @@ IoResult Lane::send_run(int sock, SendBuffers &b, std::string &gpu_err) {
         TransferItem &it = e->item;
         const bool write = it.opcode == kTcpOpWrite;
         if (it.local_device() >= 0 && write) {
+            if (stageable_write(b, i)) {
+                if (!flush_sends(sock, b, io)) break;
+                i = send_staged_writes(sock, b, i, io, gpu_err) - 1;
+                continue;
+            }
             if (!send_gpu_write(sock, b, *e, hdr, io, gpu_err)) break;
             continue;
         }
@@ -201,6 +206,82 @@ bool Lane::send_gpu_write(int sock, SendBuffers &b, Inflight &e, unsigned char *
         io = gpu::send_from_device(sock, e.item.local, static_cast<size_t>(h.size),
                                    e.item.local_device(), gpu_err);
     b.pending.push_back(&e);
+    return flush_sends(sock, b, io);
+}
+
+bool Lane::stageable_write(const SendBuffers &b, size_t i) {
+    const TransferItem &it = b.entries[i]->item;
+    if (it.opcode != kTcpOpWrite || it.local_device() < 0 || it.length > gpu::StageRing::kMaxPiece) return false;
+    std::string why;
+    if (send_stage_.ready(it.local_device(), why)) return true;
+    MC_LOG(Debug, "TCP lane " << index_ << ": GPU WRITE not batched: " << why);
+    return false;
+}
+
+size_t Lane::send_staged_writes(int sock, SendBuffers &b, size_t i, IoResult &io, std::string &gpu_err) {
+    const int device = b.entries[i]->item.local_device();
+    int h = 0, prev = -1;  // the half being filled, the one waiting to go out
+    size_t used = 0;
+    auto fail_gpu = [&] {
+        io.status = IoStatus::Error;
+        io.err = EIO;
+        return i;
+    };
+    for (int k = 0; k < 2; ++k) {
+        b.staged_iov[k].clear();
+        b.staged[k].clear();
+    }
+    for (; i < b.run.size(); ++i) {
+        Inflight *e = b.entries[i];
+        const TransferItem &it = e->item;
+        const bool fits = used + it.length <= gpu::StageRing::kHalfBytes && b.staged_iov[h].size() + 2 <= kMaxSendIov;
+        const bool last = !(it.local_device() == device && it.opcode == kTcpOpWrite &&
+                            it.length <= gpu::StageRing::kMaxPiece);
+        if (!fits || last) {
+            // Half h is complete: start its copy, then send the half before it
+            // while the copy engine works.
+            if (!send_stage_.issue(h, gpu_err)) return fail_gpu();
+            if (prev >= 0 && !send_staged_half(sock, b, prev, io, gpu_err)) return i;
+            prev = h;
+            h ^= 1;
+            used = 0;
+            if (last) break;
+        }
+        char *slot = send_stage_.half(h) + used;
+        send_stage_.queue(slot, it.local, it.length);
+        used += it.length;
+        TcpHeader hd;
+        hd.size = it.length;
+        hd.addr = it.remote_addr;
+        hd.opcode = static_cast<uint8_t>(kTcpOpWrite | (e->version >= 2 ? kTcpV2Flag : 0));
+        unsigned char *hdr = b.hdrs[i].data();
+        encode_tcp_header(hd, hdr);
+        b.staged_iov[h].push_back({hdr, kTcpHeaderLen});
+        b.staged_iov[h].push_back({slot, static_cast<size_t>(it.length)});
+        b.staged[h].push_back(e);
+    }
+    if (i == b.run.size() && !b.staged[h].empty()) {
+        if (!send_stage_.issue(h, gpu_err)) return fail_gpu();
+        if (prev >= 0 && !send_staged_half(sock, b, prev, io, gpu_err)) return i;
+        prev = h;
+    }
+    if (prev >= 0 && !send_staged_half(sock, b, prev, io, gpu_err)) return i;
+    return i;
+}
+
+bool Lane::send_staged_half(int sock, SendBuffers &b, int h, IoResult &io, std::string &gpu_err) {
+    if (!send_stage_.wait(h, gpu_err)) {
+        io.status = IoStatus::Error;
+        io.err = EIO;
+        return false;
+    }
+    // The half goes out through the common path, which marks its entries sent.
+    for (const auto &v : b.staged_iov[h]) b.iov.push_back(v);
+    for (Inflight *e : b.staged[h]) b.pending.push_back(e);
+    b.staged_iov[h].clear();
+    b.staged[h].clear();
+    // A half holds at most kHalfBytes of payload but possibly many pieces:
+    // flush_sends takes any count (sendv_all splits at IOV_MAX).
     return flush_sends(sock, b, io);
 }
 
@@ -271,7 +352,15 @@ bool Lane::read_batch(std::unique_lock<std::mutex> &lk, size_t n, std::string &w
             ok = false;
             break;
         }
-        hand_back(lk, popped, next);
+        // Entries with staged bytes complete once those reach the device.
+        if (staged_ == 0) hand_back(lk, popped, next);
+    }
+    if (staged_ != 0) {
+        // Only what arrived in full goes to the device (the batch's prefix).
+        if (!unstage(popped, next, why)) {
+            ok = false;
+            next = popped;
+        }
     }
     hand_back(lk, popped, next);
     lk.lock();
@@ -283,12 +372,21 @@ size_t Lane::gather_answers(size_t n) {
     // plain READs, gathered into one iovec list and read with as few readv
     // calls as the peer's sends allow.
     size_t niov = 0;
+    staged_ = 0;
     for (size_t i = 0; i < n; ++i) {
         Inflight &e = inflight_.at(i);
         need_[i] = 8;
+        sdst_[i] = nullptr;
         riov_[niov++] = {&st_[i], 8};
         if (e.item.opcode != kTcpOpWrite) {
-            riov_[niov++] = {e.item.local, static_cast<size_t>(e.item.length)};
+            void *into = e.item.local;
+            sdst_[i] = nullptr;
+            if (e.item.local_device() >= 0) {  // a staging slot; copied after the batch
+                into = recv_stage_.half(0) + staged_;
+                sdst_[i] = e.item.local;
+                staged_ += e.item.length;
+            }
+            riov_[niov++] = {into, static_cast<size_t>(e.item.length)};
             need_[i] += e.item.length;
         }
     }
@@ -312,6 +410,30 @@ bool Lane::account_answers(size_t left, size_t n, size_t &next, uint64_t &have, 
         }
     }
     return true;
+}
+
+bool Lane::stage_ready(int device) {
+    std::string why;
+    if (recv_stage_.ready(device, why)) return true;
+    MC_LOG(Debug, "TCP lane " << index_ << ": GPU READ not batched: " << why);
+    return false;
+}
+
+bool Lane::unstage(size_t from, size_t to, std::string &why) {
+    // The staged READ data of entries [from, to), in slot order, to their
+    // device buffers: one batched copy and one wait.
+    // (From what gather_answers noted: the ring is not touched unlocked.)
+    size_t off = 0;
+    for (size_t i = 0; i < to; ++i) {
+        if (!sdst_[i]) continue;
+        const size_t len = static_cast<size_t>(need_[i] - 8);
+        if (i >= from) recv_stage_.queue(sdst_[i], recv_stage_.half(0) + off, len);
+        off += len;
+    }
+    std::string err;
+    if (recv_stage_.issue(0, err) && recv_stage_.wait(0, err)) return true;
+    why = err;
+    return false;
 }
 
 void Lane::hand_back(std::unique_lock<std::mutex> &lk, size_t &popped, size_t next) {
@@ -364,10 +486,17 @@ void Lane::receive_loop() {
             fail_all_locked(lk, std::string());
             continue;
         }
-        size_t n = 0;
+        size_t n = 0, staged = 0;
         while (n < inflight_.size() && n < kMaxRecvBatch) {
             Inflight &x = inflight_.at(n);
-            if ((!x.sent && needs_sent(x)) || x.version < 2 || x.item.local_device() >= 0) break;
+            if ((!x.sent && needs_sent(x)) || x.version < 2) break;
+            // GPU memory: small READs land in the staging ring (up to one
+            // half per batch) and go to the device in one batched copy.
+            if (x.item.local_device() >= 0 &&
+                !(x.item.opcode != kTcpOpWrite && staged + x.item.length <= gpu::StageRing::kHalfBytes &&
+                  x.item.length <= gpu::StageRing::kMaxPiece && stage_ready(x.item.local_device())))
+                break;
+            if (x.item.local_device() >= 0) staged += x.item.length;
             ++n;
         }
         std::string why;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/socket.h"
+#include "gpu/gpu.h"
 #include "transport/tcp/tcp_peer.h"
 #include "transport/tcp/tcp_wire.h"
 #include "transport/transport.h"
@@ -71,6 +72,10 @@ private:
             iov.reserve(kMaxSendIov + 2);
             pending.reserve(depth);
             entries.reserve(depth);
+            for (int h = 0; h < 2; ++h) {
+                staged_iov[h].reserve(2 * depth);
+                staged[h].reserve(depth);
+            }
         }
         std::vector<Queued> run;
         std::vector<struct iovec> iov;
@@ -79,6 +84,10 @@ private:
         // Headers of this run, owned by the sender: the receiver may hand an
         // entry back (its answer came) while sendmsg still holds the iovec list.
         std::vector<std::array<unsigned char, kTcpHeaderLen>> hdrs;
+        // Small GPU WRITEs: per staging half, the iovec list (headers and
+        // staged payloads) and its entries.
+        std::vector<struct iovec> staged_iov[2];
+        std::vector<Inflight *> staged[2];
     };
 
     bool connect_locked(std::unique_lock<std::mutex> &lk, std::string &why);
@@ -91,6 +100,14 @@ private:
     bool flush_sends(int sock, SendBuffers &b, IoResult &io);
     bool send_gpu_write(int sock, SendBuffers &b, Inflight &e, unsigned char *hdr, IoResult &io,
                         std::string &gpu_err);
+    // Whether run entry `i` is a WRITE of GPU memory small enough to be
+    // staged in a batch (the ring set up for its device).
+    bool stageable_write(const SendBuffers &b, size_t i);
+    // Sends run entries [i, j), all stageable: gathered into one staging
+    // half per group with one batched copy, the next group's copy running
+    // while the previous group goes out. Returns j, or stops early on failure.
+    size_t send_staged_writes(int sock, SendBuffers &b, size_t i, IoResult &io, std::string &gpu_err);
+    bool send_staged_half(int sock, SendBuffers &b, int h, IoResult &io, std::string &gpu_err);
     void finish_run(SendBuffers &b, const IoResult &io, const std::string &gpu_err);
     void receive_loop();
     bool read_one(int sock, Inflight &e, std::string &why);
@@ -104,6 +121,10 @@ private:
     size_t gather_answers(size_t n);
     bool account_answers(size_t left, size_t n, size_t &next, uint64_t &have, std::string &why);
     void hand_back(std::unique_lock<std::mutex> &lk, size_t &popped, size_t next);
+    // Small GPU READs: whether the receive ring serves `device`, and the copy
+    // of entries [from, to)'s staged bytes to the device (false with `why`).
+    bool stage_ready(int device);
+    bool unstage(size_t from, size_t to, std::string &why);
     // Drops the connection and fails everything in flight (the first entry
     // with `why`).
     void fail_all_locked(std::unique_lock<std::mutex> &lk, std::string why);
@@ -122,8 +143,12 @@ private:
     // Receiver scratch (receiver thread only).
     uint64_t st_[kMaxRecvBatch] = {};
     uint64_t need_[kMaxRecvBatch] = {};
+    void *sdst_[kMaxRecvBatch] = {};  // device destination of a staged READ, else null
     struct iovec riov_[2 * kMaxRecvBatch] = {};
     std::vector<TransferItem> done_;
+    gpu::StageRing send_stage_;  // sender thread only; set up on first use
+    gpu::StageRing recv_stage_;  // receiver thread only (half 0)
+    size_t staged_ = 0;          // bytes of the current batch in recv_stage_
     std::thread sender_, receiver_;
 };
 

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -325,6 +327,7 @@ TcpServer::Pass TcpServer::serve(Session &s) {
         c.consume(kTcpHeaderLen);
         if (!serve_request(c, h)) break;
     }
+    c.stage_fence();  // no staged copy may outlive the pins of its target
     return Pass::Close;
 }
 
@@ -363,6 +366,19 @@ bool TcpServer::serve_gpu_request(Conn &c, const TcpHeader &h, RegionPin &pin) {
     char *mem = reinterpret_cast<char *>(h.addr);
     const size_t size = static_cast<size_t>(h.size);
     const int device = pin.region()->device;
+    if (size <= gpu::StageRing::kMaxPiece) {
+        // Small requests (KV blocks): staged in batches on this worker's ring.
+        thread_local std::map<int, std::unique_ptr<gpu::StageRing>> rings;
+        auto &ring = rings[device];
+        if (!ring) ring = std::make_unique<gpu::StageRing>();
+        if (c.use_stage(*ring, device)) {
+            if (tcp_is_write(h.opcode)) return serve_staged_gpu_write(c, h, pin);
+            std::string err;
+            if ((!v2 || c.add_status(kTcpStatusOk)) && c.stage_read(mem, size, std::move(pin), err)) return true;
+            log_failed(h, "(GPU " + std::to_string(device) + ") " + (err.empty() ? "sending failed" : err));
+            return false;
+        }
+    }
     // GPU memory: staged through pinned buffers, chunk by chunk, in
     // order after everything gathered so far.
     if (!c.flush()) return false;
@@ -395,6 +411,26 @@ bool TcpServer::serve_gpu_request(Conn &c, const TcpHeader &h, RegionPin &pin) {
         return false;
     }
     return true;
+}
+
+bool TcpServer::serve_staged_gpu_write(Conn &c, const TcpHeader &h, RegionPin &pin) {
+    // The payload lands in a staging slot; its copy to the device is queued
+    // and its OK frame goes out once the copy has finished (Conn::flush).
+    const size_t size = static_cast<size_t>(h.size);
+    std::string err;
+    char *slot = c.stage_slot(size, err);
+    IoResult io;
+    if (slot) io = c.read_payload(slot, size);
+    if (!slot || !io.ok()) {
+        log_failed(h, "(GPU " + std::to_string(pin.region()->device) + ") " + (slot ? io.describe() : err));
+        return false;
+    }
+    c.stage_copy(reinterpret_cast<char *>(h.addr), slot, size, std::move(pin));
+    if (!c.stage_error().empty()) {
+        log_failed(h, "(GPU) " + c.stage_error());
+        return false;
+    }
+    return !tcp_is_v2(h.opcode) || c.add_status(kTcpStatusOk);
 }
 
 bool TcpServer::serve_host_request(Conn &c, const TcpHeader &h, RegionPin &pin) {

@@ -95,6 +95,7 @@ private:
     bool serve_request(Conn &c, const TcpHeader &h);
     void reject_request(Conn &c, const TcpHeader &h);
     bool serve_gpu_request(Conn &c, const TcpHeader &h, RegionPin &pin);
+    bool serve_staged_gpu_write(Conn &c, const TcpHeader &h, RegionPin &pin);
     bool serve_host_request(Conn &c, const TcpHeader &h, RegionPin &pin);
     void finish(Session *s, Pass p);
     void erase_locked(Session *s);  // caller holds mu_

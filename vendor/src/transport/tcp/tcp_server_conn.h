@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/socket.h"
 #include "core/memory_registry.h"
+#include "gpu/gpu.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/tcp/tcp_wire.h"
 
@@ -211,8 +212,91 @@ public:
         }
         return false;
     }
+    // Small GPU WRITEs are staged on the serving worker's ring: the copies
+    // to the device run in the background and their OK frames wait in the
+    // output, so every flush first waits for the copies (stage_fence).
+    // use_stage: whether `ring` (set up for `device`) is this connection's
+    // staging from here on; false sends the request the unbatched way.
+    bool use_stage(gpu::StageRing &ring, int device) {
+        std::string why;
+        if (!ring.ready(device, why)) return false;
+        if (stage_ == &ring) return true;
+        if (stage_ && !flush()) return false;
+        stage_ = &ring;
+        stage_h_ = 0;
+        stage_used_ = 0;
+        return true;
+    }
+    // A slot of n <= StageRing::kMaxPiece bytes in the current half, or
+    // nullptr with `err` (a CUDA failure, or a failed flush). A half is
+    // reused once its copies are done and no unsent answer points into it.
+    char *stage_slot(size_t n, std::string &err) {
+        if (stage_used_ + n > gpu::StageRing::kHalfBytes) {
+            if (!stage_->issue(stage_h_, err)) return nullptr;
+            stage_h_ ^= 1;
+            stage_used_ = 0;
+            if (stage_out_[stage_h_] && !flush()) {
+                err = "sending answers failed";
+                return nullptr;
+            }
+            if (!stage_->wait(stage_h_, err)) return nullptr;
+        }
+        char *p = stage_->half(stage_h_) + stage_used_;
+        stage_used_ += n;
+        return p;
+    }
+    // A small READ of GPU memory: the copy into a slot is queued and the
+    // slot joins the answers (sent after the fence); `pin` keeps the
+    // source registered until then.
+    bool stage_read(const char *dev, size_t n, RegionPin pin, std::string &err) {
+        char *slot = stage_slot(n, err);
+        if (!slot) return false;
+        stage_->queue(slot, dev, n);
+        stage_busy_ = true;
+        stage_out_[stage_h_] = true;
+        return add_data(slot, n, std::move(pin));
+    }
+    // Queues the copy of a staged payload; `pin` keeps the target registered
+    // until the copy is done.
+    void stage_copy(void *dev, const char *slot, size_t n, RegionPin pin) {
+        stage_->queue(dev, slot, n);
+        stage_busy_ = true;
+        pins_.push_back(std::move(pin));
+        // Start the copies early: they overlap with receiving what follows.
+        if (stage_->queued_bytes() >= kStageIssueBytes) {
+            std::string err;
+            if (!stage_->issue(stage_h_, err)) stage_error_ = err;
+        }
+    }
+    // Waits for every staged copy; false (the connection must close) when
+    // one failed: no OK frame may then go out.
+    bool stage_fence() {
+        if (!stage_busy_) return true;
+        std::string err = stage_error_;
+        if (err.empty() && stage_->issue(stage_h_, err)) {
+            stage_->wait(0, err);
+            stage_->wait(1, err);
+        }
+        stage_busy_ = false;
+        stage_error_.clear();
+        if (err.empty()) return true;
+        MC_LOG(Warn, "TCP server: a staged GPU WRITE failed, closing the connection: " << err);
+        err_ = EIO;
+        return false;
+    }
+    const std::string &stage_error() const { return stage_error_; }
+
     bool flush() {
-        if (nout_ == 0) return true;
+        if (!stage_fence()) {
+            nout_ = ndata_ = out_bytes_ = 0;
+            pins_.clear();
+            return false;
+        }
+        stage_out_[0] = stage_out_[1] = false;
+        if (nout_ == 0) {
+            pins_.clear();
+            return true;
+        }
         IoResult io = sendv_all(fd_, out_, static_cast<int>(nout_));
         nout_ = 0;
         ndata_ = 0;
@@ -237,6 +321,14 @@ private:
         r.done = done;
         return r;
     }
+
+    static constexpr size_t kStageIssueBytes = 256 << 10;
+    gpu::StageRing *stage_ = nullptr;
+    int stage_h_ = 0;
+    size_t stage_used_ = 0;
+    bool stage_busy_ = false;  // copies queued or running since the last fence
+    bool stage_out_[2] = {false, false};  // unsent answers point into half h
+    std::string stage_error_;
 
     int fd_, wake_fd_;
     const std::atomic<size_t> &queued_, &idle_;
