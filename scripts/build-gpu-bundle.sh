@@ -3,7 +3,7 @@
 # target/gpu-bundle/ so it can be carried to a GPU machine that has only a
 # driver (no Rust, no toolkit): the C++ engine tests, gpu_bench and the
 # softverbs stand-in NICs for the GPU RDMA registration test (static
-# libstdc++), the Rust GPU tests and the gpu_loopback example. The CUDA
+# libstdc++), the Rust GPU tests, the gpu_loopback example and kv_bench. The CUDA
 # runtime is linked statically in all of them.
 #   scripts/build-gpu-bundle.sh && target/gpu-bundle/run.sh   # on the GPU host
 set -euo pipefail
@@ -31,8 +31,8 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
         print(m["executable"])')
   cp "$tests" "$d/rust_gpu_tests"
-  cargo build -q --release --features cuda$major --example gpu_loopback
-  cp target/release/examples/gpu_loopback "$d/"
+  cargo build -q --release --features cuda$major --example gpu_loopback --example kv_bench
+  cp target/release/examples/gpu_loopback target/release/examples/kv_bench "$d/"
   strip "$d"/*
   if ldd "$d"/* | grep -q libcudart; then echo "build-gpu-bundle: libcudart is linked dynamically" >&2; exit 1; fi
 done

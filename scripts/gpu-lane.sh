@@ -2,7 +2,8 @@
 # The GPU lane, run on a machine with a GPU and a driver from the bundle that
 # scripts/build-gpu-bundle.sh makes (copied next to this script as run.sh).
 # For the cuda12 and the cuda13 build: the C++ GPU tests, the Rust GPU tests,
-# the gpu_loopback example and gpu_bench. Logs go to $OUT (or ./gpu-lane-logs).
+# the gpu_loopback example, gpu_bench (64 MiB paths and KV layouts) and
+# kv_bench --gpu. Logs go to $OUT (or ./gpu-lane-logs).
 # With two GPUs visible the two-GPU tests and bench rows run too; on the
 # two-GPU machine run it as `MOONCAKE_GPU2_TESTS=1 run.sh`, which makes a
 # missing second GPU a failure instead of a skip.
@@ -16,7 +17,8 @@ status=0
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvidia-smi topo -m; uname -r;
   ldd --version | head -1; } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
-for b in cu12 cu13; do
+# Arguments pick builds (e.g. `run.sh cu13`); default both.
+for b in ${@:-cu12 cu13}; do
   d=$here/$b
   [ -d "$d" ] || continue
   ldd "$d/engine_tests" "$d/rust_gpu_tests" >"$out/$b-ldd.txt" 2>&1
@@ -27,5 +29,12 @@ for b in cu12 cu13; do
   step "$b gpu_loopback example" "$out/$b-gpu-loopback.txt" timeout 120 "$d/gpu_loopback"
   step "$b gpu_bench 64 MiB" "$out/$b-gpu-bench.txt" timeout 240 "$d/gpu_bench" 64 20
   cat "$out/$b-gpu-bench.txt"
+  # KV layouts in GPU memory: the full table for the build the H200 runs
+  # with (CUDA 13), a smoke run for the other.
+  if [ "$b" = cu13 ]; then kv=(--layout llama8b,mla,small --runs 3); else kv=(--layout llama8b --tokens 2048 --runs 1); fi
+  step "$b gpu_bench kv" "$out/$b-gpu-bench-kv.txt" timeout 240 "$d/gpu_bench" kv --iters 3
+  cat "$out/$b-gpu-bench-kv.txt"
+  step "$b kv_bench --gpu" "$out/$b-kv-gpu.txt" timeout 600 "$d/kv_bench" --gpu "${kv[@]}"
+  cat "$out/$b-kv-gpu.txt"
 done
 exit $status

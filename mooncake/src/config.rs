@@ -108,6 +108,7 @@ pub struct EngineBuilder {
     tcp_version: Option<TcpVersion>,
     metadata_cache: Option<bool>,
     same_host_path: Option<bool>,
+    cuda_ipc: Option<bool>,
     device_allow_list: Option<String>,
     device_deny_list: Option<String>,
     gpu_registration: GpuRegistration,
@@ -183,6 +184,7 @@ impl Default for EngineBuilder {
             tcp_version: None,
             metadata_cache: None,
             same_host_path: None,
+            cuda_ipc: None,
             device_allow_list: None,
             device_deny_list: None,
             gpu_registration: GpuRegistration::FromEnv,
@@ -314,6 +316,17 @@ impl EngineBuilder {
     /// namespaces and hosts. Off: this engine neither uses nor offers it.
     pub fn same_host_path(mut self, on: bool) -> Self {
         self.same_host_path = Some(on);
+        self
+    }
+
+    /// The same-host GPU path (default on in a CUDA build): GPU memory of an
+    /// engine in another process of this host moves by CUDA IPC, GPU to GPU
+    /// through a mapping of the peer's allocation, instead of over TCP
+    /// staged through pinned host memory. Off: this engine neither maps
+    /// peers' GPU memory nor publishes IPC handles for its own, so GPU
+    /// memory always goes over TCP (or RDMA).
+    pub fn cuda_ipc(mut self, on: bool) -> Self {
+        self.cuda_ipc = Some(on);
         self
     }
 
@@ -522,6 +535,9 @@ impl EngineBuilder {
         }
         if let Some(on) = self.same_host_path {
             cfg.enable_same_host = u32::from(on);
+        }
+        if let Some(on) = self.cuda_ipc {
+            cfg.enable_cuda_ipc = u32::from(on);
         }
         Ok(())
     }

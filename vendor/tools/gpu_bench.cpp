@@ -6,6 +6,9 @@
 // cudaMemcpyPeer. Prints one table.
 //
 //   make -C vendor gpu_bench CUDA=13 && vendor/build/std-cu13/gpu_bench [size_mib] [iters]
+//   gpu_bench kv [--iters N] [--op read|write|both]: KV-cache layouts
+//   (llama8b, mla; one descriptor per block), contiguous vs scattered
+//   (every other block), over gpu-tcp and gpu-ipc.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -208,12 +211,102 @@ struct Peer {
     }
 };
 
+// KV layouts as in src/sim/kv_layouts.rs: `tensors` tensors of `blocks`
+// blocks of `block_bytes` each; a transfer names `moved` blocks per tensor,
+// one descriptor each, consecutive or every other one.
+struct KvLayout {
+    const char *name;
+    size_t tensors;
+    size_t block_bytes;
+};
+constexpr size_t kKvBlocks = 128, kKvMoved = 64;
+
+std::vector<transfer_request> kv_requests(const KvLayout &l, int op, char *local, segment_id_t seg, uint64_t remote,
+                                          bool scattered) {
+    std::vector<transfer_request> r;
+    for (size_t t = 0; t < l.tensors; ++t)
+        for (size_t b = 0; b < kKvMoved; ++b) {
+            size_t off = (t * kKvBlocks + (scattered ? 2 * b : b)) * l.block_bytes;
+            r.push_back(transfer_request{op, local + off, seg, remote + off, l.block_bytes});
+        }
+    return r;
+}
+
+void run_batch(transfer_engine_t e, std::vector<transfer_request> &reqs) {
+    batch_id_t b = allocateBatchID(e, reqs.size());
+    if (submitTransfer(e, b, reqs.data(), reqs.size()) != 0) die("submitTransfer");
+    if (mc_batch_wait(e, b, 120000) != 0) die("mc_batch_wait");
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        transfer_status st{};
+        getTransferStatus(e, b, i, &st);
+        if (st.status != STATUS_COMPLETED) die("KV transfer failed");
+    }
+    freeBatchID(e, b);
+}
+
+int kv_main(char *self, int argc, char **argv) {
+    int iters = 3;
+    std::string ops = "both";
+    for (int i = 2; i + 1 < argc; i += 2) {
+        std::string k = argv[i];
+        if (k == "--iters") iters = std::atoi(argv[i + 1]);
+        else if (k == "--op") ops = argv[i + 1];
+    }
+    const KvLayout layouts[] = {{"llama8b", 64, 16 * 8 * 128 * 2}, {"mla", 61, 64 * 576 * 2}};
+    size_t n = 0;
+    for (const auto &l : layouts) n = std::max(n, l.tensors * kKvBlocks * l.block_bytes);
+    std::printf("KV layouts, %zu of %zu blocks per tensor, one descriptor per block, median of 5x%d\n", kKvMoved,
+                kKvBlocks, iters);
+    std::printf("%-8s %-14s %-6s %12s %12s %8s\n", "layout", "path", "op", "contig GB/s", "scatter GB/s", "ratio");
+    transfer_engine_t e = engine(true);
+    transfer_engine_t t = engine(false);
+    char *ld = static_cast<char *>(dev_alloc(n)), *td = static_cast<char *>(dev_alloc(n));
+    if (registerLocalMemory(e, ld, n, "*", 1) != 0 || registerLocalMemory(t, td, n, "*", 1) != 0) die("register");
+    segment_id_t ts = openSegment(e, name_of(t).c_str());
+    if (ts < 0) die("openSegment (tcp)");
+    Peer peer(self, n, 0);
+    segment_id_t ps = openSegment(e, peer.segment.c_str());
+    if (ps < 0) die("openSegment (peer)");
+    struct P {
+        const char *name;
+        segment_id_t seg;
+        uint64_t remote;
+    } paths[] = {{"gpu-tcp", ts, reinterpret_cast<uint64_t>(td)}, {"gpu-ipc", ps, peer.addr}};
+    for (const auto &l : layouts)
+        for (const auto &p : paths)
+            for (int op : {OPCODE_READ, OPCODE_WRITE}) {
+                if ((op == OPCODE_READ && ops == "write") || (op == OPCODE_WRITE && ops == "read")) continue;
+                double g[2];
+                for (int sc = 0; sc < 2; ++sc) {
+                    auto reqs = kv_requests(l, op, ld, p.seg, p.remote, sc == 1);
+                    g[sc] = measure(l.tensors * kKvMoved * l.block_bytes, iters, [&] { run_batch(e, reqs); });
+                }
+                std::printf("%-8s %-14s %-6s %12.2f %12.2f %7.0f%%\n", l.name, p.name,
+                            op == OPCODE_READ ? "READ" : "WRITE", g[0], g[1], 100.0 * g[1] / g[0]);
+            }
+    closeSegment(e, ps);
+    closeSegment(e, ts);
+    destroyTransferEngine(t);
+    destroyTransferEngine(e);
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
     if (argc > 3 && std::string(argv[1]) == "--peer")
         return peer_main(std::strtoull(argv[2], nullptr, 10), std::atoi(argv[3]));
     setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (argc > 1 && std::string(argv[1]) == "kv") {
+        mc_gpu_info_t info{};
+        char why[512];
+        mc_gpu_query(&info, why, sizeof why);
+        if (!info.usable) {
+            std::fprintf(stderr, "gpu_bench: %s\n", why);
+            return 1;
+        }
+        return kv_main(argv[0], argc, argv);
+    }
     size_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64;
     int iters = argc > 2 ? std::atoi(argv[2]) : 20;
     size_t n = mib << 20;

@@ -39,6 +39,10 @@
 //! - `--path tcp|same-host|both` (default both): `tcp` sets
 //!   `MC_DISABLE_SAME_HOST_PATH=1` for both engines.
 //! - `--runs N` (default 5), `--verify-all`.
+//! - `--gpu`: both caches in GPU memory; paths `gpu-tcp` and `gpu-ipc`
+//!   (see `gpu.rs`: the engine is driven directly with the connector's
+//!   descriptor plans). Needs a CUDA build (`--features cuda12` or
+//!   `cuda13`) and a GPU; exits 2 and says why without one.
 //! - `--json`: one JSON object per case and line on stdout, with the keys
 //!   `layout`, `tokens`, `pattern`, `path`, `descriptors` (as the producer
 //!   counted them), `bytes`, `ms` (median), `gbps` (bytes/ms/1e6); nothing
@@ -85,6 +89,8 @@ use mooncake_connector::sim::kv_layouts::{
 };
 use serde::Serialize;
 
+mod gpu;
+
 const DEFAULT_TOKENS: [usize; 5] = [128, 512, 2048, 8192, 32768];
 /// Blocks of each region checked after a case (first, last, spread).
 const SAMPLES_PER_REGION: usize = 16;
@@ -113,6 +119,7 @@ struct Opts {
     json: bool,
     dump: Option<PathBuf>,
     verify_all: bool,
+    gpu: bool,
 }
 
 fn value<'a>(args: &'a [String], i: &mut usize, flag: &str) -> Result<&'a str, String> {
@@ -139,6 +146,7 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
         json: false,
         dump: None,
         verify_all: false,
+        gpu: false,
     };
     let mut max_tokens = usize::MAX;
     let mut i = 0;
@@ -169,13 +177,14 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
             "--path" => {
                 o.paths = match value(args, &mut i, flag)? {
                     "tcp" => vec![BenchPath::Tcp],
-                    "same-host" => vec![BenchPath::SameHost],
+                    "same-host" | "ipc" | "gpu-ipc" | "gpu-same-host" => vec![BenchPath::SameHost],
                     "both" => vec![BenchPath::Tcp, BenchPath::SameHost],
                     v => return Err(format!("--path: {v:?} is not tcp, same-host or both")),
                 }
             }
             "--json" => o.json = true,
             "--verify-all" => o.verify_all = true,
+            "--gpu" => o.gpu = true,
             "--dump-descriptors" => o.dump = Some(PathBuf::from(value(args, &mut i, flag)?)),
             other => return Err(format!("unknown flag {other:?}")),
         }
@@ -184,6 +193,9 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
     o.tokens.retain(|&t| t <= max_tokens);
     if o.tokens.is_empty() {
         return Err("no prompt size left (--tokens / --max-tokens)".into());
+    }
+    if o.gpu && o.dump.is_some() {
+        return Err("--dump-descriptors describes host-mode runs; leave out --gpu".into());
     }
     Ok(o)
 }
@@ -225,6 +237,10 @@ fn main() {
         rt.block_on(prefill_child(&args[1..]));
         return;
     }
+    if args.first().map(String::as_str) == Some("--gpu-prefill-child") {
+        gpu::prefill_child(&args[1..]);
+        return;
+    }
     let opts = match parse_opts(&args) {
         Ok(o) => o,
         Err(e) => {
@@ -232,6 +248,10 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if opts.gpu {
+        gpu::run(&opts);
+        return;
+    }
     rt.block_on(run(opts));
 }
 
@@ -361,15 +381,28 @@ struct PrefillProc {
 
 impl PrefillProc {
     fn spawn(layout: &BenchLayout, blocks: u64, path: BenchPath) -> Self {
+        let disable_same_host = match path {
+            BenchPath::Tcp => Some("1"),
+            BenchPath::SameHost => None,
+        };
+        Self::spawn_with(
+            &["--prefill-child", layout.name, &blocks.to_string()],
+            disable_same_host,
+        )
+    }
+
+    /// This program again with `args`, and `MC_DISABLE_SAME_HOST_PATH` set
+    /// to `disable_same_host` (or removed).
+    fn spawn_with(args: &[&str], disable_same_host: Option<&str>) -> Self {
         let exe = std::env::current_exe().unwrap_or_else(|e| fail(format!("current_exe: {e}")));
         let mut cmd = Command::new(exe);
-        cmd.args(["--prefill-child", layout.name, &blocks.to_string()])
+        cmd.args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        match path {
-            BenchPath::Tcp => cmd.env("MC_DISABLE_SAME_HOST_PATH", "1"),
-            BenchPath::SameHost => cmd.env_remove("MC_DISABLE_SAME_HOST_PATH"),
+        match disable_same_host {
+            Some(v) => cmd.env("MC_DISABLE_SAME_HOST_PATH", v),
+            None => cmd.env_remove("MC_DISABLE_SAME_HOST_PATH"),
         };
         let mut child = cmd
             .spawn()

@@ -1,0 +1,327 @@
+//! `--gpu`: the same layouts, prompt sizes and patterns with both KV caches
+//! in GPU memory (GPU 0 of each process).
+//!
+//! The connector registers host memory, so this mode drives the engine
+//! directly with the descriptors the connector plans
+//! ([`plan_descriptors`]): the prefill child (one engine per TP rank)
+//! WRITEs its blocks into the decode cache of this process, one batch per
+//! rank and request, the ranks concurrently, as the producer does. The time
+//! is the median, over `--runs`, of the child's wall time from the first
+//! queued descriptor to the last rank's completed batch (no ZMQ round trip,
+//! unlike the host mode). Paths: `gpu-tcp` (CUDA IPC off on both engines:
+//! TCP with pinned staging) and `gpu-ipc` (the engine's same-host path for
+//! GPU memory, CUDA IPC; `--path same-host` selects it; `gpu-same-host` is
+//! accepted as another name for it, since `process_vm_*` cannot reach device
+//! memory). Sampled blocks are checked as in the host mode, and the child's
+//! engine counters must show the path asked for.
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+use mooncake::gpu::{self, DeviceBuffer};
+use mooncake::{Access, Engine, Registration};
+use mooncake_connector::sim::kv_layouts::{all_layouts, plan_descriptors, BenchLayout};
+
+use crate::{fail, gib, sample_indices, BenchPath, Opts, PrefillProc, Row};
+
+impl BenchPath {
+    fn gpu_name(self) -> &'static str {
+        match self {
+            Self::Tcp => "gpu-tcp",
+            Self::SameHost => "gpu-ipc",
+        }
+    }
+}
+
+fn engine(path: BenchPath) -> Engine {
+    Engine::builder()
+        .local_host("127.0.0.1")
+        .cuda_ipc(path == BenchPath::SameHost)
+        .build()
+        .unwrap_or_else(|e| fail(format!("engine: {e}")))
+}
+
+/// Checks (or, `check == false`, zeroes) the sampled decode blocks.
+fn sampled_blocks(
+    layout: &BenchLayout,
+    d_blocks: u64,
+    kv: &mut Registration<DeviceBuffer>,
+    src: &[u64],
+    dst: &[u64],
+    samples: &[usize],
+    check: bool,
+) -> Result<(), String> {
+    let len = layout.block_bytes as usize;
+    let region_bytes = d_blocks * layout.block_bytes;
+    let zero = vec![0u8; len];
+    let (mut want, mut got) = (vec![0u8; len], vec![0u8; len]);
+    for region in 0..layout.regions() {
+        for &i in samples {
+            let off = (region as u64 * region_bytes + dst[i] * layout.block_bytes) as usize;
+            if !check {
+                kv.write_at(off, &zero).map_err(|e| e.to_string())?;
+                continue;
+            }
+            layout.fill_block(1, 0, region, src[i], &mut want);
+            kv.read_at(off, &mut got).map_err(|e| e.to_string())?;
+            if want != got {
+                let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(format!(
+                    "region {region}, prefill block {} -> decode block {}: byte {at} differs",
+                    src[i], dst[i]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The parent (decode) side of `--gpu`.
+pub(crate) fn run(opts: &Opts) {
+    let info = gpu::info();
+    if !info.usable {
+        eprintln!(
+            "kv_bench --gpu: no usable GPU: {}",
+            info.reason.as_deref().unwrap_or("unknown reason")
+        );
+        std::process::exit(2);
+    }
+    let max_tokens = *opts.tokens.iter().max().expect("at least one size");
+    if !opts.json {
+        println!(
+            "mooncake-rs KV transfer, GPU memory on both sides: prefill (child process, one engine \
+             per TP rank) WRITEs into decode, 127.0.0.1, median of {} runs",
+            opts.runs
+        );
+    }
+    for layout in &opts.layouts {
+        let tp = layout.prefill_tp;
+        let p_blocks = layout.blocks_for(max_tokens) as u64;
+        let d_blocks = if opts.scattered.contains(&true) {
+            2 * p_blocks
+        } else {
+            p_blocks
+        };
+        let src_bytes = layout.regions() as u64 * p_blocks * layout.rank_block_bytes(tp);
+        let dst_bytes = layout.regions() as u64 * d_blocks * layout.block_bytes;
+        if !opts.json {
+            println!(
+                "\nlayout {}: {}\n  GPU caches: prefill {:.2} GiB per rank (TP {tp}), decode {:.2} GiB",
+                layout.name,
+                layout.description,
+                gib(src_bytes),
+                gib(dst_bytes)
+            );
+            println!(
+                "{:>7} {:>10} {:>9} {:>11} {:>12} {:>9} {:>8} {:>9} {:>10}",
+                "tokens",
+                "pattern",
+                "path",
+                "descriptors",
+                "KV bytes",
+                "ms",
+                "GB/s",
+                "tcp reqs",
+                "ipc copies"
+            );
+        }
+        for &path in &opts.paths {
+            let decode = engine(path);
+            let buf = DeviceBuffer::new(0, dst_bytes as usize)
+                .unwrap_or_else(|e| fail(format!("decode GPU cache of {dst_bytes} bytes: {e}")));
+            let mut kv = decode
+                .register(buf, "*", Access::RemoteAccessible)
+                .unwrap_or_else(|e| fail(format!("registering the decode cache: {e}")));
+            let mut child = PrefillProc::spawn_with(
+                &[
+                    "--gpu-prefill-child",
+                    layout.name,
+                    &p_blocks.to_string(),
+                    &d_blocks.to_string(),
+                    decode.segment_name(),
+                    path.gpu_name(),
+                ],
+                None,
+            );
+            child.expect("READY");
+            for &n in &opts.tokens {
+                let nb = layout.blocks_for(n) as u64;
+                let src: Vec<u64> = (0..nb).collect();
+                for &scattered in &opts.scattered {
+                    let pattern = if scattered { "scattered" } else { "contiguous" };
+                    let dst: Vec<u64> = if scattered {
+                        src.iter().map(|b| 2 * b + 1).collect()
+                    } else {
+                        src.clone()
+                    };
+                    let samples = sample_indices(src.len(), opts.verify_all);
+                    sampled_blocks(layout, d_blocks, &mut kv, &src, &dst, &samples, false)
+                        .unwrap_or_else(|e| fail(e));
+                    let mut times = Vec::with_capacity(opts.runs);
+                    let (mut descs, mut bytes, mut tcp, mut ipc) = (0u64, 0u64, 0u64, 0u64);
+                    for _ in 0..opts.runs {
+                        child.send(&format!("PUSH {n} {}", u8::from(scattered)));
+                        let done = child.expect("DONE");
+                        let num = |i: usize| -> u64 {
+                            done.get(i)
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or_else(|| fail(format!("bad DONE line {done:?}")))
+                        };
+                        (descs, bytes) = (num(1), num(2));
+                        times.push(num(3));
+                        tcp += num(4);
+                        ipc += num(5);
+                    }
+                    let wrong = match path {
+                        BenchPath::SameHost => ipc == 0 || tcp != 0,
+                        BenchPath::Tcp => tcp == 0 || ipc != 0,
+                    };
+                    if wrong {
+                        fail(format!(
+                            "{} {n} {pattern}: {} was requested but {tcp} TCP requests and {ipc} IPC copies were made",
+                            layout.name,
+                            path.gpu_name()
+                        ));
+                    }
+                    sampled_blocks(layout, d_blocks, &mut kv, &src, &dst, &samples, true)
+                        .unwrap_or_else(|e| {
+                            fail(format!(
+                                "{} {n} {pattern} {}: wrong KV bytes: {e}",
+                                layout.name,
+                                path.gpu_name()
+                            ))
+                        });
+                    times.sort_unstable();
+                    let ms = times[times.len() / 2] as f64 / 1e3;
+                    let row = Row {
+                        layout: layout.name,
+                        tokens: n,
+                        pattern,
+                        path: path.gpu_name(),
+                        descriptors: descs,
+                        bytes,
+                        ms,
+                        gbps: bytes as f64 / ms / 1e6,
+                    };
+                    if opts.json {
+                        println!("{}", serde_json::to_string(&row).expect("plain struct"));
+                    } else {
+                        let runs = opts.runs as u64;
+                        println!(
+                            "{n:>7} {pattern:>10} {:>9} {descs:>11} {bytes:>12} {ms:>9.2} {:>8.2} {:>9} {:>10}",
+                            row.path,
+                            row.gbps,
+                            tcp / runs,
+                            ipc / runs
+                        );
+                    }
+                }
+            }
+            drop(child);
+        }
+    }
+}
+
+/// The prefill side of `--gpu`: `--gpu-prefill-child <layout> <prefill
+/// blocks> <decode blocks> <decode segment> <path>`. Fills one GPU cache per TP rank, answers `READY`, then serves
+/// `PUSH <tokens> <scattered 0|1>` lines with `DONE <descriptors> <bytes>
+/// <microseconds> <tcp requests> <ipc copies>`. Exits at end of input.
+pub(crate) fn prefill_child(args: &[String]) {
+    let [name, p_blocks, d_blocks, segment, path] = args else {
+        fail("--gpu-prefill-child needs <layout> <prefill blocks> <decode blocks> <segment> <path>")
+    };
+    let layout = all_layouts()
+        .into_iter()
+        .find(|l| l.name == name.as_str())
+        .unwrap_or_else(|| fail(format!("unknown layout {name:?}")));
+    let parse = |v: &str| -> u64 {
+        v.parse()
+            .unwrap_or_else(|_| fail(format!("bad number {v:?}")))
+    };
+    let (p_blocks, d_blocks) = (parse(p_blocks), parse(d_blocks));
+    let path = if path == "gpu-ipc" {
+        BenchPath::SameHost
+    } else {
+        BenchPath::Tcp
+    };
+    let tp = layout.prefill_tp;
+    let rank_block = layout.rank_block_bytes(tp) as usize;
+    let region_bytes = p_blocks as usize * rank_block;
+    let mut ranks = Vec::with_capacity(tp);
+    for rank in 0..tp {
+        let e = engine(path);
+        let mut buf = DeviceBuffer::new(0, layout.regions() * region_bytes)
+            .unwrap_or_else(|e| fail(format!("prefill GPU cache: {e}")));
+        let mut host = vec![0u8; region_bytes];
+        for region in 0..layout.regions() {
+            for (b, block) in host.chunks_mut(rank_block).enumerate() {
+                layout.fill_block(tp, rank, region, b as u64, block);
+            }
+            buf.copy_from_host(region * region_bytes, &host)
+                .unwrap_or_else(|e| fail(format!("filling the prefill cache: {e}")));
+        }
+        let kv = e
+            .register(buf, "*", Access::LocalOnly)
+            .unwrap_or_else(|e| fail(format!("registering the prefill cache: {e}")));
+        let seg = e
+            .open_segment(segment)
+            .unwrap_or_else(|e| fail(format!("opening {segment}: {e}")));
+        ranks.push((e, kv, seg));
+    }
+    // The decode cache: the one buffer the decode engine publishes.
+    let base = ranks[0]
+        .2
+        .buffers()
+        .ok()
+        .and_then(|b| b.first().map(|r| r.addr))
+        .unwrap_or_else(|| fail("the decode engine publishes no buffer"));
+    println!("READY");
+    let _ = std::io::stdout().flush();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let f: Vec<&str> = line.split(' ').collect();
+        let ["PUSH", tokens, scattered] = f.as_slice() else {
+            fail(format!("gpu prefill child: unexpected command {line:?}"))
+        };
+        let nb = layout.blocks_for(parse(tokens) as usize) as u64;
+        let src: Vec<u64> = (0..nb).collect();
+        let dst: Vec<u64> = if *scattered == "1" {
+            src.iter().map(|b| 2 * b + 1).collect()
+        } else {
+            src.clone()
+        };
+        let plan = plan_descriptors(&layout, p_blocks, d_blocks, &src, &dst)
+            .unwrap_or_else(|e| fail(format!("planning: {e}")));
+        let before: Vec<_> = ranks
+            .iter()
+            .map(|(e, _, _)| e.counters().unwrap_or_else(|e| fail(e)))
+            .collect();
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for ((e, kv, seg), descs) in ranks.iter().zip(&plan) {
+                s.spawn(move || {
+                    let mut batch = e.batch(descs.len().max(1)).unwrap_or_else(|e| fail(e));
+                    for d in descs {
+                        batch
+                            .write(kv, d.src as usize, seg, base + d.dst, d.len as usize)
+                            .unwrap_or_else(|e| fail(format!("queueing a descriptor: {e}")));
+                    }
+                    batch.submit().unwrap_or_else(|e| fail(e));
+                    if let Err(e) = batch.wait(None) {
+                        fail(format!("GPU KV batch failed: {e}"));
+                    }
+                });
+            }
+        });
+        let micros = t0.elapsed().as_micros();
+        let (mut tcp, mut ipc) = (0, 0);
+        for ((e, _, _), b) in ranks.iter().zip(&before) {
+            let c = e.counters().unwrap_or_else(|e| fail(e));
+            tcp += c.tcp_requests_sent - b.tcp_requests_sent;
+            ipc += c.ipc_copies - b.ipc_copies;
+        }
+        let descs: usize = plan.iter().map(Vec::len).sum();
+        let bytes: u64 = plan.iter().flatten().map(|d| d.len).sum();
+        println!("DONE {descs} {bytes} {micros} {tcp} {ipc}");
+        let _ = std::io::stdout().flush();
+    }
+}
