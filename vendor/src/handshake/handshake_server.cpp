@@ -32,15 +32,15 @@ struct HandshakeServer::Conn {
 };
 
 HandshakeServer::HandshakeServer(Fd listener, HandshakeServerOptions opt, Handler handler)
-    : listener_(std::move(listener)), opt_(std::move(opt)), handler_(std::move(handler)) {
+    : listener_(std::move(listener)),
+      opt_(std::move(opt)),
+      handler_(std::move(handler)),
+      admission_("handshake listener", opt_.allowed_peers, opt_.max_connections, opt_.max_connections_per_source) {
     set_nonblocking(listener_.get(), true);
-    per_source_cap_ = opt_.max_connections_per_source;
-    if (per_source_cap_ == 0) per_source_cap_ = std::max<uint32_t>(8, opt_.max_connections / 8);
 }
 
 void HandshakeServer::erase(std::list<Conn>::iterator it) {
-    auto s = per_source_.find(it->source);
-    if (s != per_source_.end() && --s->second == 0) per_source_.erase(s);
+    admission_.released(it->source);
     conns_.erase(it);
 }
 
@@ -54,7 +54,7 @@ void HandshakeServer::stop() {
     wake_.wake();
     thread_.join();
     conns_.clear();
-    per_source_.clear();
+    admission_.clear();
 }
 
 void HandshakeServer::accept_all() {
@@ -71,35 +71,20 @@ void HandshakeServer::accept_all() {
         }
         Fd guard(fd);
         std::string src = source_key(ss);
-        const char *why = nullptr;
-        auto it = per_source_.find(src);
-        if (!opt_.allowed_peers.allows(src)) why = "not in the allowed peer networks";
-        else if (it != per_source_.end() && it->second >= per_source_cap_)
-            why = "its address is at its connection limit";
-        if (why) {
-            refused_.fetch_add(1, std::memory_order_relaxed);
-            uint64_t skipped = 0;
-            if (refuse_log_.should_log(skipped))
-                MC_LOG(Warn, "handshake listener: refused a connection from "
-                                 << source_text(src) << ": " << why << " (" << per_source_cap_
-                                 << " per address; " << skipped << " more refusals not logged)");
+        if (const char *why = admission_.refusal(src)) {
+            admission_.refuse(src, why);
             continue;
         }
         if (conns_.size() >= opt_.max_connections) {
             // Shed the oldest connection: it is the one most likely to be idle.
-            refused_.fetch_add(1, std::memory_order_relaxed);
-            uint64_t skipped = 0;
-            if (refuse_log_.should_log(skipped))
-                MC_LOG(Warn, "handshake listener at its limit of "
-                                 << opt_.max_connections << " connections; dropping the oldest ("
-                                 << skipped << " more refusals not logged)");
+            admission_.refuse(conns_.front().source, "the listener was full and this was its oldest connection (dropped)");
             erase(conns_.begin());
         }
         conns_.emplace_back();
         Conn &c = conns_.back();
         c.fd = std::move(guard);
         c.source = src;
-        ++per_source_[src];
+        admission_.admitted(src);
         c.deadline = Clock::now() + std::chrono::milliseconds(opt_.timeout_ms);
     }
 }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/admission.h"
 #include "common/json.h"
 #include "common/peer_filter.h"
 #include "common/socket.h"
@@ -43,7 +44,7 @@ public:
     void start();
     void stop();
     // Connections closed at accept (allow-list, per-source cap) or shed.
-    uint64_t refused_connections() const { return refused_.load(); }
+    uint64_t refused_connections() const { return admission_.refused(); }
 
 private:
     struct Conn;
@@ -63,10 +64,7 @@ private:
     void erase(std::list<Conn>::iterator it);
 
     std::list<Conn> conns_;
-    uint32_t per_source_cap_;
-    std::unordered_map<std::string, uint32_t> per_source_;
-    RateLimitedLog refuse_log_;
-    std::atomic<uint64_t> refused_{0};
+    SourceAdmission admission_;  // listener thread only
 };
 
 }  // namespace mcrs

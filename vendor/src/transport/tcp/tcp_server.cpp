@@ -71,10 +71,11 @@ void discard_payload(TcpServer::Conn &c, uint64_t left) {
 }  // namespace
 
 TcpServer::TcpServer(Fd listener, const MemoryRegistry &registry, TcpServerOptions opt)
-    : listener_(std::move(listener)), registry_(registry), opt_(std::move(opt)) {
+    : listener_(std::move(listener)),
+      registry_(registry),
+      opt_(std::move(opt)),
+      admission_("TCP data server", opt_.allowed_peers, opt_.max_connections, opt_.max_connections_per_source) {
     set_nonblocking(listener_.get(), true);
-    per_source_cap_ = opt_.max_connections_per_source;
-    if (per_source_cap_ == 0) per_source_cap_ = std::max<uint32_t>(8, opt_.max_connections / 8);
     if (opt_.workers == 0) {
         unsigned hw = std::thread::hardware_concurrency();
         opt_.workers = std::min(64u, std::max(8u, 2 * hw));
@@ -117,7 +118,7 @@ void TcpServer::stop() {
     std::lock_guard<std::mutex> g(mu_);
     ready_len_ = 0;
     sessions_.clear();
-    per_source_.clear();
+    admission_.clear();
 }
 
 size_t TcpServer::connection_count() const {
@@ -129,8 +130,7 @@ void TcpServer::erase_locked(Session *s) {
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, s->fd.get(), nullptr);
     // FIN now (the descriptor closes with the session).
     ::shutdown(s->fd.get(), SHUT_RDWR);
-    auto it = per_source_.find(s->source);
-    if (it != per_source_.end() && --it->second == 0) per_source_.erase(it);
+    admission_.released(s->source);
     sessions_.erase(s);
 }
 
@@ -212,19 +212,10 @@ void TcpServer::accept_all() {
         std::string src = source_key(ss);
         const char *why = nullptr;
         std::lock_guard<std::mutex> g(mu_);
-        auto it = per_source_.find(src);
-        uint32_t from_src = it == per_source_.end() ? 0 : it->second;
-        if (!opt_.allowed_peers.allows(src)) why = "not in the allowed peer networks";
-        else if (sessions_.size() >= opt_.max_connections) why = "the connection limit is reached";
-        else if (from_src >= per_source_cap_) why = "its address is at its connection limit";
+        why = admission_.refusal(src);
+        if (!why && sessions_.size() >= opt_.max_connections) why = "the connection limit is reached";
         if (why) {
-            refused_.fetch_add(1, std::memory_order_relaxed);
-            uint64_t skipped = 0;
-            if (refuse_log_.should_log(skipped))
-                MC_LOG(Warn, "TCP data server: refused a connection from " << source_text(src)
-                                 << ": " << why << " (limits: " << opt_.max_connections
-                                 << " in all, " << per_source_cap_ << " per address; " << skipped
-                                 << " more refusals not logged)");
+            admission_.refuse(src, why);
             continue;
         }
         set_nonblocking(fd, false);
@@ -246,7 +237,7 @@ void TcpServer::accept_all() {
             MC_LOG(Warn, "TCP server: epoll_ctl(add): " << errno_string(errno));
             continue;
         }
-        ++per_source_[src];
+        admission_.admitted(src);
         Session *raw = s.get();
         sessions_.emplace(raw, std::move(s));
     }

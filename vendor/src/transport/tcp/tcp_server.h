@@ -33,6 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/admission.h"
 #include "common/peer_filter.h"
 #include "common/socket.h"
 #include "core/memory_registry.h"
@@ -67,7 +68,7 @@ public:
     uint64_t rejected_requests() const { return rejected_.load(); }
     uint64_t served_requests() const { return served_.load(); }
     // Connections closed at accept (caps, allow-list) or for idleness.
-    uint64_t refused_connections() const { return refused_.load(); }
+    uint64_t refused_connections() const { return admission_.refused(); }
     uint64_t idle_closed_connections() const { return idle_closed_.load(); }
     size_t connection_count() const;
 
@@ -103,7 +104,7 @@ private:
     Fd listener_;
     const MemoryRegistry &registry_;
     TcpServerOptions opt_;
-    uint32_t per_source_cap_;
+    SourceAdmission admission_;  // under mu_
     Fd epoll_;
     WakePipe wake_;
     std::thread loop_thread_;
@@ -120,13 +121,10 @@ private:
     std::atomic<size_t> ready_count_{0};
     std::atomic<size_t> idle_workers_{0};
     std::unordered_map<Session *, std::unique_ptr<Session>> sessions_;
-    std::unordered_map<std::string, uint32_t> per_source_;
     Clock::time_point next_scan_;
 
-    RateLimitedLog refuse_log_;
     std::atomic<uint64_t> rejected_{0};
     std::atomic<uint64_t> served_{0};
-    std::atomic<uint64_t> refused_{0};
     std::atomic<uint64_t> idle_closed_{0};
 };
 
