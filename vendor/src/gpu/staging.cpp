@@ -2,10 +2,10 @@
 // through two pinned host buffers per thread, so the copy engine works on
 // chunk i+1 while the socket moves chunk i.
 #include <cerrno>
-#include <cstdlib>
 #include <map>
 #include <memory>
 
+#include "common/env.h"
 #include "common/log.h"
 #include "gpu/cuda_api.h"
 #include "gpu/gpu.h"
@@ -22,16 +22,7 @@ namespace {
 // enough that the per-chunk event wait stays cheap. MC_GPU_STAGE_CHUNK_KIB
 // overrides it (64 KiB .. 16 MiB).
 size_t chunk_bytes() {
-    static const size_t v = [] {
-        size_t kib = 1024;
-        if (const char *e = std::getenv("MC_GPU_STAGE_CHUNK_KIB")) {
-            char *end = nullptr;
-            unsigned long long x = std::strtoull(e, &end, 10);
-            if (end != e && *end == '\0' && x >= 64 && x <= 16384) kib = static_cast<size_t>(x);
-            else MC_LOG(Warn, "MC_GPU_STAGE_CHUNK_KIB=" << e << " ignored (64..16384)");
-        }
-        return kib << 10;
-    }();
+    static const size_t v = static_cast<size_t>(env_int("MC_GPU_STAGE_CHUNK_KIB", 1024, 64, 16384)) << 10;
     return v;
 }
 
