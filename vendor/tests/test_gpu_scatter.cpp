@@ -60,6 +60,24 @@ TEST(gpu_copy_many_scattered_and_adjacent_pieces) {
     }
     CHECK_EQ(got[blk], static_cast<char>(0x5A));  // block 1 was skipped
     CHECK_EQ(got[n - 1], static_cast<char>(0x5A));
+    // Dependent pieces in one call: a chain src -> dst -> dst' -> dst'',
+    // and a piece that overwrites what an earlier one read. Copies of one
+    // batched runtime call may run in any order, so these must be split.
+    {
+        REQUIRE_EQ(mc_gpu_memset(0, dst.ptr, 0, n), 0);
+        std::vector<mcrs::gpu::CopyPiece> chain = {{dst.at(0), 0, src.at(0), 0, blk},
+                                                   {dst.at(4 * blk), 0, dst.at(0), 0, blk},
+                                                   {dst.at(8 * blk), 0, dst.at(4 * blk), 0, blk},
+                                                   {dst.at(12 * blk), 0, src.at(blk), 0, blk},
+                                                   {src.at(blk), 0, src.at(2 * blk), 0, blk}};
+        mcrs::gpu::copy_many(chain.data(), chain.size());
+        auto got2 = dst.download(0, 13 * blk);
+        for (size_t at : {size_t(0), 4 * blk, 8 * blk})
+            CHECK(std::memcmp(got2.data() + at, data.data(), blk) == 0);
+        CHECK(std::memcmp(got2.data() + 12 * blk, data.data() + blk, blk) == 0);  // read before overwritten
+        CHECK(src.download(blk, blk) == std::vector<char>(data.begin() + 2 * blk, data.begin() + 3 * blk));
+        src.upload(data);
+    }
     // Device -> host and host -> device pieces in one batch.
     std::vector<char> host(2 * blk, 0);
     std::vector<mcrs::gpu::CopyPiece> mixed = {{host.data(), -1, src.at(0), 0, blk},

@@ -6,18 +6,27 @@
 
 #include "common/log.h"
 
+// cuda.h (from the toolkit or runtime package the build uses) says which
+// runtime is linked; the batched call exists from 12.8 on.
+#if defined(CUDA_VERSION) && CUDA_VERSION >= 12080
+#define MC_HAVE_MEMCPY_BATCH 1
+#else
+#define MC_HAVE_MEMCPY_BATCH 0
+#endif
+
 namespace mcrs {
 namespace gpu {
 
 namespace {
 
-// -1 untried, 1 works, 0 unsupported here.
-std::atomic<int> g_batch_api{-1};
+// -1 untried, 1 works, 0 unsupported by this driver.
+std::atomic<int> g_batch_api{MC_HAVE_MEMCPY_BATCH ? -1 : 0};
 
+#if MC_HAVE_MEMCPY_BATCH
 cudaError_t batched(cudaStream_t stream, void **dst, const void **src, size_t *len, size_t n) {
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    size_t attr_idx = 0;  // one attribute set for every copy
+    size_t attr_idx = 0;  // one attribute set, from copy 0 on
 #if MC_CUDA_MAJOR >= 13
     return cudaMemcpyBatchAsync(dst, src, len, n, &attr, &attr_idx, 1, stream);
 #else
@@ -25,11 +34,17 @@ cudaError_t batched(cudaStream_t stream, void **dst, const void **src, size_t *l
     return cudaMemcpyBatchAsync(dst, const_cast<void **>(src), len, n, &attr, &attr_idx, 1, &fail_idx, stream);
 #endif
 }
+#endif
+
+bool unsupported(cudaError_t e) {
+    return e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver || e == cudaErrorInsufficientDriver;
+}
 
 }  // namespace
 
 cudaError_t enqueue_copies(cudaStream_t stream, void **dst, const void **src, size_t *len, size_t n) {
     if (n == 0) return cudaSuccess;
+#if MC_HAVE_MEMCPY_BATCH
     if (n > 1 && g_batch_api.load(std::memory_order_relaxed) != 0) {
         cudaError_t e = batched(stream, dst, src, len, n);
         if (e == cudaSuccess) {
@@ -37,17 +52,68 @@ cudaError_t enqueue_copies(cudaStream_t stream, void **dst, const void **src, si
             return e;
         }
         cudaGetLastError();
-        if (g_batch_api.exchange(0) != 0)
+        if (unsupported(e) && g_batch_api.exchange(0) != 0)
             MC_LOG(Info, "GPU: batched copies unavailable (" << cudaGetErrorString(e)
                                                              << "); copying one request at a time");
-        // Copies are idempotent: whatever the failed call may have queued
-        // is simply done again below, in stream order.
+        // Either way these copies go one by one below. Whatever the failed
+        // call may have queued runs again after it, in stream order: the
+        // copies of a batch are independent, so a second run of one writes
+        // the same bytes.
     }
+#endif
     for (size_t i = 0; i < n; ++i) {
         cudaError_t e = cudaMemcpyAsync(dst[i], src[i], len[i], cudaMemcpyDefault, stream);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
+}
+
+bool CopyBatch::depends(uintptr_t dlo, uintptr_t dhi, uintptr_t slo, uintptr_t shi) const {
+    // Cheap bounds first (KV blocks arrive in address order): only a piece
+    // inside the bounds is compared with every gathered one.
+    const bool d_check = !exempted(dlo, dhi) && (written_.hits(dlo, dhi) || read_.hits(dlo, dhi));
+    const bool s_check = !exempted(slo, shi) && written_.hits(slo, shi);
+    if (!d_check && !s_check) return false;
+    for (size_t i = 0; i < len_.size(); ++i) {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(dst_[i]), b = a + len_[i];
+        const uintptr_t c = reinterpret_cast<uintptr_t>(src_[i]), d = c + len_[i];
+        if (d_check && ((dlo < b && a < dhi) || (dlo < d && c < dhi))) return true;
+        if (s_check && slo < b && a < shi) return true;
+    }
+    return false;
+}
+
+bool CopyBatch::add(void *dst, const void *src, size_t n) {
+    if (n == 0) return true;
+    const uintptr_t dlo = reinterpret_cast<uintptr_t>(dst), slo = reinterpret_cast<uintptr_t>(src);
+    if (depends(dlo, dlo + n, slo, slo + n)) return false;
+    if (!exempted(dlo, dlo + n)) written_.take(dlo, dlo + n);
+    if (!exempted(slo, slo + n)) read_.take(slo, slo + n);
+    bytes_ += n;
+    if (!len_.empty() && static_cast<char *>(dst_.back()) + len_.back() == dst &&
+        static_cast<const char *>(src_.back()) + len_.back() == src) {
+        len_.back() += n;  // continues the previous piece on both sides
+        return true;
+    }
+    dst_.push_back(dst);
+    src_.push_back(src);
+    len_.push_back(n);
+    return true;
+}
+
+cudaError_t CopyBatch::flush(cudaStream_t stream) {
+    cudaError_t e = enqueue_copies(stream, dst_.data(), src_.data(), len_.data(), len_.size());
+    clear();
+    return e;
+}
+
+void CopyBatch::clear() {
+    dst_.clear();
+    src_.clear();
+    len_.clear();
+    bytes_ = 0;
+    written_ = Box();
+    read_ = Box();
 }
 
 }  // namespace gpu

@@ -18,6 +18,7 @@ enum {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorInsufficientDriver = 35,
+    cudaErrorCallRequiresNewerDriver = 36,
     cudaErrorNoDevice = 100,
     cudaErrorNotReady = 600,
     cudaErrorNotSupported = 801,
@@ -97,8 +98,9 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int s
                                 cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize(void);
 
-// Batched copies (runtime 12.8 and later; the driver must support them
-// too, else the call fails and the engine copies one by one). The
+// Batched copies (runtime 12.8 and later, see copy_batch.cpp; the driver
+// must support them too, else the call fails and the engine copies one by
+// one). The
 // attribute struct is 24 bytes in CUDA 12 and 13 (cudaMemLocation is an
 // enum and an int-sized union in both).
 enum cudaMemcpySrcAccessOrder {

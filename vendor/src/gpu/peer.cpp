@@ -163,19 +163,17 @@ void copy_many(const CopyPiece *p, size_t count) {
     cudaError_t e = cudaSuccess;
     cudaStream_t stream = one_device ? batch_stream(run[0].dst_device) : nullptr;
     if (stream) {
-        // One batched call for the whole submission.
-        thread_local std::vector<void *> dst;
-        thread_local std::vector<const void *> src;
-        thread_local std::vector<size_t> len;
-        dst.clear();
-        src.clear();
-        len.clear();
-        for (const auto &c : run) {
-            dst.push_back(c.dst);
-            src.push_back(c.src);
-            len.push_back(c.n);
+        // As few batched calls as order allows: a piece that depends on an
+        // earlier one (same bytes written, or read after a write) starts
+        // a new call, queued after the previous one on the stream.
+        thread_local CopyBatch batch;
+        for (size_t i = 0; i < run.size() && e == cudaSuccess; ++i) {
+            if (batch.add(run[i].dst, run[i].src, run[i].n)) continue;
+            e = batch.flush(stream);
+            batch.add(run[i].dst, run[i].src, run[i].n);
         }
-        e = enqueue_copies(stream, dst.data(), src.data(), len.data(), len.size());
+        if (e == cudaSuccess) e = batch.flush(stream);
+        batch.clear();
     } else {
         stream = cudaStreamPerThread;
         for (size_t i = 0; i < run.size() && e == cudaSuccess; ++i) {

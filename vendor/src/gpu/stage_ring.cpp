@@ -15,10 +15,9 @@ struct StageRing::Impl {
     char *buf = nullptr;  // 2 * kHalfBytes, pinned
     cudaStream_t stream = nullptr;
     cudaEvent_t ev[2] = {nullptr, nullptr};
-    std::vector<void *> dst;
-    std::vector<const void *> src;
-    std::vector<size_t> len;
-    size_t bytes = 0;
+    CopyBatch batch;
+    std::string failed;      // why setting up failed (not retried)
+    cudaError_t pending = cudaSuccess;  // a failed early flush, reported by issue()
 
     ~Impl() {
         if (stream) cudaStreamSynchronize(stream);
@@ -41,7 +40,11 @@ StageRing::StageRing() = default;
 StageRing::~StageRing() = default;
 
 bool StageRing::ready(int device, std::string &err) {
-    if (impl_ && impl_->buf) {
+    if (impl_) {
+        if (!impl_->failed.empty()) {
+            err = impl_->failed;
+            return false;
+        }
         if (impl_->device == device) return true;
         err = "staging ring serves GPU " + std::to_string(impl_->device);
         return false;
@@ -58,41 +61,41 @@ bool StageRing::ready(int device, std::string &err) {
     if (e == cudaSuccess) e = cudaMallocHost(&p, 2 * kHalfBytes);
     im->buf = static_cast<char *>(p);
     for (int i = 0; i < 2 && e == cudaSuccess; ++i) e = cudaEventCreateWithFlags(&im->ev[i], cudaEventDisableTiming);
-    if (e != cudaSuccess) return failed(e, "cannot set up GPU staging", err);
-    im->dst.reserve(256);
-    im->src.reserve(256);
-    im->len.reserve(256);
+    im->batch.exempt(im->buf, 2 * kHalfBytes);
     impl_ = std::move(im);
-    return true;
+    if (e == cudaSuccess) return true;
+    // A ring that cannot be set up stays unusable: no retry per request.
+    failed(e, "cannot set up GPU staging", impl_->failed);
+    MC_LOG(Warn, "GPU staging for batches of small requests: " << impl_->failed << "; using the unbatched path");
+    err = impl_->failed;
+    return false;
 }
 
 char *StageRing::half(int h) const { return impl_->buf + (h ? kHalfBytes : 0); }
 
 void StageRing::queue(void *dst, const void *src, size_t n) {
     Impl &m = *impl_;
-    if (!m.len.empty() && static_cast<char *>(m.dst.back()) + m.len.back() == dst &&
-        static_cast<const char *>(m.src.back()) + m.len.back() == src) {
-        m.len.back() += n;  // continues the previous piece on both sides
-    } else {
-        m.dst.push_back(dst);
-        m.src.push_back(src);
-        m.len.push_back(n);
-    }
-    m.bytes += n;
+    if (m.batch.add(dst, src, n)) return;
+    // It depends on a gathered copy: queue those first (stream order).
+    cudaSetDevice(m.device);
+    cudaError_t e = m.batch.flush(m.stream);
+    if (e != cudaSuccess && m.pending == cudaSuccess) m.pending = e;
+    m.batch.add(dst, src, n);
 }
 
-size_t StageRing::queued_bytes() const { return impl_ ? impl_->bytes : 0; }
+size_t StageRing::queued_bytes() const { return impl_ ? impl_->batch.bytes() : 0; }
 
 bool StageRing::issue(int h, std::string &err) {
     Impl &m = *impl_;
-    cudaError_t e = enqueue_copies(m.stream, m.dst.data(), m.src.data(), m.len.data(), m.len.size());
-    m.dst.clear();
-    m.src.clear();
-    m.len.clear();
-    m.bytes = 0;
+    cudaSetDevice(m.device);
+    cudaError_t e = m.batch.flush(m.stream);
+    if (m.pending != cudaSuccess) {
+        e = m.pending;
+        m.pending = cudaSuccess;
+    }
     if (e == cudaSuccess) e = cudaEventRecord(m.ev[h], m.stream);
     if (e != cudaSuccess) {
-        cudaStreamSynchronize(m.stream);  // nothing may still write a half
+        cudaStreamSynchronize(m.stream);  // nothing may still use a half
         return failed(e, "batched GPU staging copy", err);
     }
     return true;

@@ -218,14 +218,28 @@ bool Lane::stageable_write(const SendBuffers &b, size_t i) {
     return false;
 }
 
+namespace {
+constexpr size_t kSendGroup = 256 << 10;
+static_assert(kSendGroup <= gpu::StageRing::kHalfBytes && gpu::StageRing::kMaxPiece <= gpu::StageRing::kHalfBytes,
+              "a group, and any one staged piece, fit a half");
+}  // namespace
+
 size_t Lane::send_staged_writes(int sock, SendBuffers &b, size_t i, IoResult &io, std::string &gpu_err) {
     const int device = b.entries[i]->item.local_device();
     int h = 0, prev = -1;  // the half being filled, the one waiting to go out
     size_t used = 0;
+    // On any failure, no copy may still read the caller's GPU memory once
+    // its request is failed: wait for both halves.
+    auto settle = [&] {
+        std::string ignored;
+        send_stage_.wait(0, ignored);
+        send_stage_.wait(1, ignored);
+        return i;
+    };
     auto fail_gpu = [&] {
         io.status = IoStatus::Error;
         io.err = EIO;
-        return i;
+        return settle();
     };
     for (int k = 0; k < 2; ++k) {
         b.staged_iov[k].clear();
@@ -234,14 +248,17 @@ size_t Lane::send_staged_writes(int sock, SendBuffers &b, size_t i, IoResult &io
     for (; i < b.run.size(); ++i) {
         Inflight *e = b.entries[i];
         const TransferItem &it = e->item;
-        const bool fits = used + it.length <= gpu::StageRing::kHalfBytes && b.staged_iov[h].size() + 2 <= kMaxSendIov;
+        // Groups of kSendGroup bytes (a run is at most about 1 MiB, so a run
+        // has several and the copy of one overlaps the send of the previous);
+        // a larger piece is a group of its own.
+        const bool fits = (used == 0 || used + it.length <= kSendGroup) && b.staged_iov[h].size() + 2 <= kMaxSendIov;
         const bool last = !(it.local_device() == device && it.opcode == kTcpOpWrite &&
                             it.length <= gpu::StageRing::kMaxPiece);
         if (!fits || last) {
             // Half h is complete: start its copy, then send the half before it
             // while the copy engine works.
             if (!send_stage_.issue(h, gpu_err)) return fail_gpu();
-            if (prev >= 0 && !send_staged_half(sock, b, prev, io, gpu_err)) return i;
+            if (prev >= 0 && !send_staged_half(sock, b, prev, io, gpu_err)) return settle();
             prev = h;
             h ^= 1;
             used = 0;
@@ -262,10 +279,10 @@ size_t Lane::send_staged_writes(int sock, SendBuffers &b, size_t i, IoResult &io
     }
     if (i == b.run.size() && !b.staged[h].empty()) {
         if (!send_stage_.issue(h, gpu_err)) return fail_gpu();
-        if (prev >= 0 && !send_staged_half(sock, b, prev, io, gpu_err)) return i;
+        if (prev >= 0 && !send_staged_half(sock, b, prev, io, gpu_err)) return settle();
         prev = h;
     }
-    if (prev >= 0 && !send_staged_half(sock, b, prev, io, gpu_err)) return i;
+    if (prev >= 0 && !send_staged_half(sock, b, prev, io, gpu_err)) return settle();
     return i;
 }
 
@@ -280,8 +297,8 @@ bool Lane::send_staged_half(int sock, SendBuffers &b, int h, IoResult &io, std::
     for (Inflight *e : b.staged[h]) b.pending.push_back(e);
     b.staged_iov[h].clear();
     b.staged[h].clear();
-    // A half holds at most kHalfBytes of payload but possibly many pieces:
-    // flush_sends takes any count (sendv_all splits at IOV_MAX).
+    // At most kMaxSendIov pieces (send_staged_writes starts a new half
+    // there), and b.iov was empty: one sendmsg list, under IOV_MAX.
     return flush_sends(sock, b, io);
 }
 

@@ -216,7 +216,12 @@ public:
     // to the device run in the background and their OK frames wait in the
     // output, so every flush first waits for the copies (stage_fence).
     // use_stage: whether `ring` (set up for `device`) is this connection's
-    // staging from here on; false sends the request the unbatched way.
+    // staging from here on; false sends the request the unbatched way (whose
+    // own flush fails if this connection is dead). The ring belongs to the
+    // worker serving the connection; every pass ends with the copies fenced
+    // and the answers sent (fill() flushes before it would block, Again
+    // flushes, Close fences), so a ring is never busy for a connection that
+    // another worker may pick up.
     bool use_stage(gpu::StageRing &ring, int device) {
         std::string why;
         if (!ring.ready(device, why)) return false;
@@ -253,8 +258,12 @@ public:
         if (!slot) return false;
         stage_->queue(slot, dev, n);
         stage_busy_ = true;
-        stage_out_[stage_h_] = true;
-        return add_data(slot, n, std::move(pin));
+        const int h = stage_h_;
+        if (!add_data(slot, n, std::move(pin))) return false;
+        // Marked after add_data: a flush inside it clears the marks, and the
+        // slot joins the answers only after that flush.
+        if (nout_ != 0) stage_out_[h] = true;
+        return true;
     }
     // Queues the copy of a staged payload; `pin` keeps the target registered
     // until the copy is done.
@@ -280,14 +289,15 @@ public:
         stage_busy_ = false;
         stage_error_.clear();
         if (err.empty()) return true;
-        MC_LOG(Warn, "TCP server: a staged GPU WRITE failed, closing the connection: " << err);
+        MC_LOG(Warn, "TCP server: a staged GPU copy failed, closing the connection: " << err);
         err_ = EIO;
+        dead_ = true;  // answers were dropped: nothing may be sent after them
         return false;
     }
     const std::string &stage_error() const { return stage_error_; }
 
     bool flush() {
-        if (!stage_fence()) {
+        if (dead_ || !stage_fence()) {
             nout_ = ndata_ = out_bytes_ = 0;
             pins_.clear();
             return false;
@@ -328,6 +338,7 @@ private:
     size_t stage_used_ = 0;
     bool stage_busy_ = false;  // copies queued or running since the last fence
     bool stage_out_[2] = {false, false};  // unsent answers point into half h
+    bool dead_ = false;                    // a staged copy failed: the connection must close
     std::string stage_error_;
 
     int fd_, wake_fd_;
