@@ -19,9 +19,12 @@ use std::time::Instant;
 
 use mooncake::gpu::{self, DeviceBuffer};
 use mooncake::{Access, Engine, Registration};
-use mooncake_connector::sim::kv_layouts::{all_layouts, plan_descriptors, BenchLayout};
+use mooncake_connector::sim::kv_layouts::{all_layouts, plan_descriptors};
 
-use crate::{fail, gib, sample_indices, BenchPath, Opts, PrefillProc, Row};
+use crate::{
+    fail, gib, print_header, sample_indices, sampled_blocks, BenchPath, DecodeCache, Opts,
+    PrefillProc, Row,
+};
 
 impl BenchPath {
     fn gpu_name(self) -> &'static str {
@@ -40,39 +43,24 @@ fn engine(path: BenchPath) -> Engine {
         .unwrap_or_else(|e| fail(format!("engine: {e}")))
 }
 
-/// Checks (or, `check == false`, zeroes) the sampled decode blocks.
-fn sampled_blocks(
-    layout: &BenchLayout,
-    d_blocks: u64,
-    kv: &mut Registration<DeviceBuffer>,
-    src: &[u64],
-    dst: &[u64],
-    samples: &[usize],
-    check: bool,
-) -> Result<(), String> {
-    let len = layout.block_bytes as usize;
-    let region_bytes = d_blocks * layout.block_bytes;
-    let zero = vec![0u8; len];
-    let (mut want, mut got) = (vec![0u8; len], vec![0u8; len]);
-    for region in 0..layout.regions() {
-        for &i in samples {
-            let off = (region as u64 * region_bytes + dst[i] * layout.block_bytes) as usize;
-            if !check {
-                kv.write_at(off, &zero).map_err(|e| e.to_string())?;
-                continue;
-            }
-            layout.fill_block(1, 0, region, src[i], &mut want);
-            kv.read_at(off, &mut got).map_err(|e| e.to_string())?;
-            if want != got {
-                let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
-                return Err(format!(
-                    "region {region}, prefill block {} -> decode block {}: byte {at} differs",
-                    src[i], dst[i]
-                ));
-            }
-        }
+/// The decode cache in GPU memory: regions of `d_blocks` blocks, one after
+/// another.
+struct GpuCache<'a> {
+    kv: &'a mut Registration<DeviceBuffer>,
+    region_bytes: u64,
+    block_bytes: u64,
+}
+
+impl DecodeCache for GpuCache<'_> {
+    fn offset(&self, region: usize, block: u64) -> usize {
+        (region as u64 * self.region_bytes + block * self.block_bytes) as usize
     }
-    Ok(())
+    fn write(&mut self, off: usize, data: &[u8]) -> Result<(), String> {
+        self.kv.write_at(off, data).map_err(|e| e.to_string())
+    }
+    fn read(&self, off: usize, out: &mut [u8]) -> Result<(), String> {
+        self.kv.read_at(off, out).map_err(|e| e.to_string())
+    }
 }
 
 /// The parent (decode) side of `--gpu`.
@@ -111,18 +99,7 @@ pub(crate) fn run(opts: &Opts) {
                 gib(src_bytes),
                 gib(dst_bytes)
             );
-            println!(
-                "{:>7} {:>10} {:>9} {:>11} {:>12} {:>9} {:>8} {:>9} {:>10}",
-                "tokens",
-                "pattern",
-                "path",
-                "descriptors",
-                "KV bytes",
-                "ms",
-                "GB/s",
-                "tcp reqs",
-                "ipc copies"
-            );
+            print_header("ipc copies");
         }
         for &path in &opts.paths {
             let decode = engine(path);
@@ -131,6 +108,11 @@ pub(crate) fn run(opts: &Opts) {
             let mut kv = decode
                 .register(buf, "*", Access::RemoteAccessible)
                 .unwrap_or_else(|e| fail(format!("registering the decode cache: {e}")));
+            let mut cache = GpuCache {
+                kv: &mut kv,
+                region_bytes: d_blocks * layout.block_bytes,
+                block_bytes: layout.block_bytes,
+            };
             let mut child = PrefillProc::spawn_with(
                 &[
                     "--gpu-prefill-child",
@@ -154,7 +136,7 @@ pub(crate) fn run(opts: &Opts) {
                         src.clone()
                     };
                     let samples = sample_indices(src.len(), opts.verify_all);
-                    sampled_blocks(layout, d_blocks, &mut kv, &src, &dst, &samples, false)
+                    sampled_blocks(layout, &mut cache, &src, &dst, &samples, false)
                         .unwrap_or_else(|e| fail(e));
                     let mut times = Vec::with_capacity(opts.runs);
                     let (mut descs, mut bytes, mut tcp, mut ipc) = (0u64, 0u64, 0u64, 0u64);
@@ -182,38 +164,23 @@ pub(crate) fn run(opts: &Opts) {
                             path.gpu_name()
                         ));
                     }
-                    sampled_blocks(layout, d_blocks, &mut kv, &src, &dst, &samples, true)
-                        .unwrap_or_else(|e| {
+                    sampled_blocks(layout, &mut cache, &src, &dst, &samples, true).unwrap_or_else(
+                        |e| {
                             fail(format!(
                                 "{} {n} {pattern} {}: wrong KV bytes: {e}",
                                 layout.name,
                                 path.gpu_name()
                             ))
-                        });
+                        },
+                    );
                     times.sort_unstable();
                     let ms = times[times.len() / 2] as f64 / 1e3;
-                    let row = Row {
-                        layout: layout.name,
-                        tokens: n,
-                        pattern,
-                        path: path.gpu_name(),
-                        descriptors: descs,
-                        bytes,
-                        ms,
-                        gbps: bytes as f64 / ms / 1e6,
-                    };
-                    if opts.json {
-                        println!("{}", serde_json::to_string(&row).expect("plain struct"));
-                    } else {
-                        let runs = opts.runs as u64;
-                        println!(
-                            "{n:>7} {pattern:>10} {:>9} {descs:>11} {bytes:>12} {ms:>9.2} {:>8.2} {:>9} {:>10}",
-                            row.path,
-                            row.gbps,
-                            tcp / runs,
-                            ipc / runs
-                        );
-                    }
+                    let runs = opts.runs as u64;
+                    Row::new(layout.name, n, pattern, path.gpu_name(), descs, bytes, ms).print(
+                        opts.json,
+                        tcp / runs,
+                        ipc / runs,
+                    );
                 }
             }
             drop(child);

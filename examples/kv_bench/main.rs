@@ -467,6 +467,56 @@ struct Row<'a> {
     gbps: f64,
 }
 
+impl<'a> Row<'a> {
+    fn new(
+        layout: &'a str,
+        tokens: usize,
+        pattern: &'a str,
+        path: &'a str,
+        descriptors: u64,
+        bytes: u64,
+        ms: f64,
+    ) -> Self {
+        Self {
+            layout,
+            tokens,
+            pattern,
+            path,
+            descriptors,
+            bytes,
+            ms,
+            gbps: bytes as f64 / ms / 1e6,
+        }
+    }
+
+    /// One JSON line, or a table row whose last two columns are the
+    /// engine's requests per pull (TCP, then the other path).
+    fn print(&self, json: bool, tcp: u64, other: u64) {
+        if json {
+            println!("{}", serde_json::to_string(self).expect("plain struct"));
+        } else {
+            println!(
+                "{:>7} {:>10} {:>9} {:>11} {:>12} {:>9.2} {:>8.2} {tcp:>9} {other:>10}",
+                self.tokens,
+                self.pattern,
+                self.path,
+                self.descriptors,
+                self.bytes,
+                self.ms,
+                self.gbps
+            );
+        }
+    }
+}
+
+/// The table's header; `other` names the last column.
+fn print_header(other: &str) {
+    println!(
+        "{:>7} {:>10} {:>9} {:>11} {:>12} {:>9} {:>8} {:>9} {:>10}",
+        "tokens", "pattern", "path", "descriptors", "KV bytes", "ms", "GB/s", "tcp reqs", other
+    );
+}
+
 #[derive(Serialize)]
 struct Dump<'a> {
     layout: &'a str,
@@ -521,11 +571,31 @@ fn sample_indices(n: usize, all: bool) -> Vec<usize> {
     v
 }
 
+/// Where the decode cache keeps a block, and how the bench writes and
+/// reads it (host memory through the worker, or a GPU buffer).
+trait DecodeCache {
+    fn offset(&self, region: usize, block: u64) -> usize;
+    fn write(&mut self, off: usize, data: &[u8]) -> Result<(), String>;
+    fn read(&self, off: usize, out: &mut [u8]) -> Result<(), String>;
+}
+
+impl DecodeCache for &WorkerContext {
+    fn offset(&self, region: usize, block: u64) -> usize {
+        self.block_offset(region, block)
+    }
+    fn write(&mut self, off: usize, data: &[u8]) -> Result<(), String> {
+        self.kv.write_shared(off, data).map_err(|e| e.to_string())
+    }
+    fn read(&self, off: usize, out: &mut [u8]) -> Result<(), String> {
+        self.kv.read_at(off, out).map_err(|e| e.to_string())
+    }
+}
+
 /// Zeroes (`check == false`) or checks the sampled decode blocks of every
 /// region against the pattern of the prefill blocks they came from.
 fn sampled_blocks(
     layout: &BenchLayout,
-    d: &WorkerContext,
+    d: &mut impl DecodeCache,
     src: &[u64],
     dst: &[u64],
     samples: &[usize],
@@ -537,13 +607,13 @@ fn sampled_blocks(
     let mut checked = 0;
     for region in 0..layout.regions() {
         for &i in samples {
-            let off = d.block_offset(region, dst[i]);
+            let off = d.offset(region, dst[i]);
             if !check {
-                d.kv.write_shared(off, &zero).map_err(|e| e.to_string())?;
+                d.write(off, &zero)?;
                 continue;
             }
             layout.fill_block(1, 0, region, src[i], &mut want);
-            d.kv.read_at(off, &mut got).map_err(|e| e.to_string())?;
+            d.read(off, &mut got)?;
             if want != got {
                 let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
                 return Err(format!(
@@ -629,18 +699,7 @@ async fn run(opts: Opts) {
                 gib(src_bytes),
                 gib(dst_bytes),
             );
-            println!(
-                "{:>7} {:>10} {:>9} {:>11} {:>12} {:>9} {:>8} {:>9} {:>10}",
-                "tokens",
-                "pattern",
-                "path",
-                "descriptors",
-                "KV bytes",
-                "ms",
-                "GB/s",
-                "tcp reqs",
-                "same-host"
-            );
+            print_header("same-host");
         }
         for (pi, &path) in opts.paths.iter().enumerate() {
             let decode = decode_worker(layout, d_blocks, path);
@@ -702,7 +761,7 @@ async fn run(opts: Opts) {
                         write_dump(dir, layout, n, pattern, src_bytes, dst_bytes, &planned);
                     }
                     let samples = sample_indices(src.len(), opts.verify_all);
-                    sampled_blocks(layout, &decode, &src, &dst, &samples, false)
+                    sampled_blocks(layout, &mut &*decode, &src, &dst, &samples, false)
                         .unwrap_or_else(|e| fail(e));
                     let ids = src.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
                     let mut times = Vec::with_capacity(opts.runs);
@@ -765,39 +824,21 @@ async fn run(opts: Opts) {
                         )),
                         _ => {}
                     }
-                    sampled_blocks(layout, &decode, &src, &dst, &samples, true).unwrap_or_else(
-                        |e| {
+                    sampled_blocks(layout, &mut &*decode, &src, &dst, &samples, true)
+                        .unwrap_or_else(|e| {
                             fail(format!(
                                 "{} {n} {pattern} {}: wrong KV bytes: {e}",
                                 layout.name,
                                 path.as_str()
                             ))
-                        },
-                    );
+                        });
                     // Engine requests per pull, for the table.
                     let (tcp, same_host) = (tcp / opts.runs as u64, same_host / opts.runs as u64);
                     times.sort();
                     let med = times[times.len() / 2];
                     let ms = med.as_secs_f64() * 1e3;
-                    let row = Row {
-                        layout: layout.name,
-                        tokens: n,
-                        pattern,
-                        path: path.as_str(),
-                        descriptors: descs,
-                        bytes,
-                        ms,
-                        gbps: bytes as f64 / ms / 1e6,
-                    };
-                    if opts.json {
-                        println!("{}", serde_json::to_string(&row).expect("plain struct"));
-                    } else {
-                        println!(
-                            "{n:>7} {pattern:>10} {:>9} {descs:>11} {bytes:>12} {ms:>9.2} {:>8.2} {tcp:>9} {same_host:>10}",
-                            path.as_str(),
-                            row.gbps
-                        );
-                    }
+                    Row::new(layout.name, n, pattern, path.as_str(), descs, bytes, ms)
+                        .print(opts.json, tcp, same_host);
                 }
             }
             drop(consumer);

@@ -1,5 +1,3 @@
-#include <vector>
-
 #include "common/log.h"
 #include "gpu/copy_batch.h"
 #include "gpu/cuda_api.h"

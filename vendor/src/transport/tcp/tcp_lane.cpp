@@ -397,7 +397,6 @@ size_t Lane::gather_answers(size_t n) {
         riov_[niov++] = {&st_[i], 8};
         if (e.item.opcode != kTcpOpWrite) {
             void *into = e.item.local;
-            sdst_[i] = nullptr;
             if (e.item.local_device() >= 0) {  // a staging slot; copied after the batch
                 into = recv_stage_.half(0) + staged_;
                 sdst_[i] = e.item.local;

@@ -210,9 +210,8 @@ void TcpServer::accept_all() {
         }
         Fd guard(fd);
         std::string src = source_key(ss);
-        const char *why = nullptr;
         std::lock_guard<std::mutex> g(mu_);
-        why = admission_.refusal(src);
+        const char *why = admission_.refusal(src);
         if (!why && sessions_.size() >= opt_.max_connections) why = "the connection limit is reached";
         if (why) {
             admission_.refuse(src, why);
