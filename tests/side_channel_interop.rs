@@ -94,7 +94,7 @@ async fn vllm_style_decoder_pulls_from_our_prefill() {
     let (mut child, rx) = python_peer(&[
         "decoder",
         "--bootstrap",
-        &p.bootstrap.url(),
+        &p.bootstrap_url(),
         "--engine-id",
         &p.engine_id,
         "--transfer-id",
