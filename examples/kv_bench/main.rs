@@ -73,16 +73,12 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake::LocalMemory;
-use mooncake_connector::connector::bootstrap::{
-    BootstrapClient, BootstrapServer, ExpectedTopology, RegisterRequest, RetryPolicy,
-};
 use mooncake_connector::connector::{
-    ConnectorEnv, ConnectorStats, Consumer, KvTransferConfig, Producer, ProducerEvent, PullRequest,
-    WorkerContext,
+    Connector, ConnectorEnv, ConnectorOptions, ConnectorRank, Consumer, KvTransferConfig,
+    ProducerEvent, PullRequest, WorkerContext,
 };
 use mooncake_connector::sim::kv_layouts::{
     all_layouts, plan_descriptors, select_layouts, BenchLayout,
@@ -257,9 +253,11 @@ fn main() {
 
 // ---------------------------------------------------------------- child --
 
-/// Prefill side: `--prefill-child <layout> <blocks per region>`. Fills its
-/// cache, starts one producer per TP rank, prints
-/// `ADDR <buffer bytes per rank> <side-channel addr per rank, comma-separated>`,
+/// Prefill side: `--prefill-child <layout> <blocks per region>`. Starts the
+/// connector as a prefill engine does (`Connector::start`: one producer per
+/// TP rank, the embedded bootstrap server on 127.0.0.1, every rank
+/// registered there as `bench-prefill`), fills its caches, prints
+/// `BOOTSTRAP <buffer bytes per rank> <bootstrap server URL>`,
 /// then serves stdin lines `READY <transfer_id> <p_req_id> <block ids,>`:
 /// marks the request ready on every rank, answers `ARMED <transfer_id>`,
 /// and once every rank has sent it, `SENT <transfer_id> <descriptors>
@@ -277,11 +275,15 @@ async fn prefill_child(args: &[String]) {
         .parse()
         .unwrap_or_else(|_| fail(format!("bad block count {blocks:?}")));
     let tp = layout.prefill_tp;
-    let stats = Arc::new(ConnectorStats::default());
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let ranks = start_prefill_ranks(&layout, num_blocks, &stats, &tx).await;
-    let addrs: Vec<&str> = ranks.iter().map(|(_, p)| p.side_channel_addr()).collect();
-    println!("ADDR {} {}", ranks[0].0.kv.len(), addrs.join(","));
+    let connector = start_prefill(&layout, num_blocks, tx).await;
+    let stats = connector.stats().clone();
+    let ranks = connector.ranks();
+    println!(
+        "BOOTSTRAP {} {}",
+        ranks[0].ctx.kv.len(),
+        connector.bootstrap_url().expect("a producer registers")
+    );
     // Blocking stdin lines, handed to the runtime.
     let (line_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
@@ -307,10 +309,8 @@ async fn prefill_child(args: &[String]) {
             })
             .collect();
         let before = stats.snapshot();
-        let (tcp0, sh0) = engine_requests(&ranks);
-        for (_, p) in &ranks {
-            p.request_ready(tid, preq, vec![ids.clone()]);
-        }
+        let (tcp0, sh0) = engine_requests(ranks);
+        connector.request_ready(tid, preq, vec![ids]);
         println!("ARMED {tid}");
         let mut finished = 0;
         while finished < tp {
@@ -326,7 +326,7 @@ async fn prefill_child(args: &[String]) {
             }
         }
         let after = stats.snapshot();
-        let (tcp1, sh1) = engine_requests(&ranks);
+        let (tcp1, sh1) = engine_requests(ranks);
         println!(
             "SENT {tid} {} {} {} {}",
             after.descriptors_sent - before.descriptors_sent,
@@ -337,50 +337,47 @@ async fn prefill_child(args: &[String]) {
     }
 }
 
-/// One producer per TP rank of `layout`, each with its cache filled with
-/// the layout's pattern.
-async fn start_prefill_ranks(
+/// The prefill connector for `layout` (`bench-prefill`, TP `prefill_tp`),
+/// each rank's cache filled with the layout's pattern.
+async fn start_prefill(
     layout: &BenchLayout,
     num_blocks: u64,
-    stats: &Arc<ConnectorStats>,
-    tx: &tokio::sync::mpsc::UnboundedSender<ProducerEvent>,
-) -> Vec<(Arc<WorkerContext>, Producer)> {
+    events: tokio::sync::mpsc::UnboundedSender<ProducerEvent>,
+) -> Connector {
     let tp = layout.prefill_tp;
-    let mut ranks = Vec::new();
-    for rank in 0..tp {
-        let ctx = Arc::new(
-            WorkerContext::new(
-                config("kv_producer", "bench-prefill"),
-                env(),
-                layout.cache_spec(tp, num_blocks),
-                tp,
-                rank,
-                0,
-                stats.clone(),
-            )
-            .unwrap_or_else(|e| fail(format!("prefill rank {rank}: {e}"))),
-        );
-        let mut buf = vec![0u8; layout.rank_block_bytes(tp) as usize];
+    let opts = ConnectorOptions {
+        kv: config("kv_producer", "bench-prefill"),
+        // The embedded bootstrap server on a free port.
+        env: ConnectorEnv {
+            bootstrap_port: 0,
+            ..env()
+        },
+        cache: layout.cache_spec(tp, num_blocks),
+        tp,
+        dp_rank: 0,
+    };
+    let connector = Connector::start(opts, events)
+        .await
+        .unwrap_or_else(|e| fail(format!("prefill connector: {e}")));
+    let mut buf = vec![0u8; layout.rank_block_bytes(tp) as usize];
+    for (rank, r) in connector.ranks().iter().enumerate() {
         for region in 0..layout.regions() {
             for b in 0..num_blocks {
                 layout.fill_block(tp, rank, region, b, &mut buf);
-                ctx.kv
-                    .write_shared(ctx.block_offset(region, b), &buf)
+                r.ctx
+                    .kv
+                    .write_shared(r.ctx.block_offset(region, b), &buf)
                     .unwrap_or_else(|e| fail(e));
             }
         }
-        let producer = Producer::start(ctx.clone(), tx.clone())
-            .await
-            .unwrap_or_else(|e| fail(format!("prefill rank {rank}: {e}")));
-        ranks.push((ctx, producer));
     }
-    ranks
+    connector
 }
 
 /// The TCP and same-host requests the ranks' engines made so far.
-fn engine_requests(ranks: &[(Arc<WorkerContext>, Producer)]) -> (u64, u64) {
-    ranks.iter().fold((0u64, 0u64), |(t, s), (ctx, _)| {
-        let c = ctx.engine.counters().unwrap_or_else(|e| fail(e));
+fn engine_requests(ranks: &[ConnectorRank]) -> (u64, u64) {
+    ranks.iter().fold((0u64, 0u64), |(t, s), r| {
+        let c = r.ctx.engine.counters().unwrap_or_else(|e| fail(e));
         (t + c.tcp_requests_sent, s + c.same_host_requests)
     })
 }
@@ -551,27 +548,28 @@ fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
-/// Builds the decode worker (TP 1). For the TCP path its engine must
-/// neither use nor offer the same-host path; the engine reads
-/// `MC_DISABLE_SAME_HOST_PATH` when it is built, so the variable is set
-/// (or cleared) around the build only (nothing else in this process reads
-/// it).
-fn decode_worker(layout: &BenchLayout, blocks: u64, path: BenchPath) -> Arc<WorkerContext> {
+/// Starts the decode connector (TP 1) as a decode engine does
+/// (`Connector::start`). For the TCP path its engine must neither use nor
+/// offer the same-host path; the engine reads `MC_DISABLE_SAME_HOST_PATH`
+/// when it is built, so the variable is set (or cleared) around the start
+/// only (nothing else in this process reads it).
+async fn decode_connector(layout: &BenchLayout, blocks: u64, path: BenchPath) -> Connector {
     match path {
         BenchPath::Tcp => std::env::set_var("MC_DISABLE_SAME_HOST_PATH", "1"),
         BenchPath::SameHost => std::env::remove_var("MC_DISABLE_SAME_HOST_PATH"),
     }
-    let ctx = WorkerContext::new(
-        config("kv_consumer", "bench-decode"),
-        env(),
-        layout.cache_spec(1, blocks),
-        1,
-        0,
-        0,
-        Arc::new(ConnectorStats::default()),
-    );
+    let opts = ConnectorOptions {
+        kv: config("kv_consumer", "bench-decode"),
+        env: env(),
+        cache: layout.cache_spec(1, blocks),
+        tp: 1,
+        dp_rank: 0,
+    };
+    // A consumer sends no events.
+    let (events, _) = tokio::sync::mpsc::unbounded_channel();
+    let connector = Connector::start(opts, events).await;
     std::env::remove_var("MC_DISABLE_SAME_HOST_PATH");
-    Arc::new(ctx.unwrap_or_else(|e| fail(format!("decode worker: {e}"))))
+    connector.unwrap_or_else(|e| fail(format!("decode worker: {e}")))
 }
 
 /// Indices into a request's block list that are checked after a case.
@@ -777,79 +775,42 @@ async fn run_path(
     first_path: bool,
     seq: &mut u64,
 ) {
-    let tp = layout.prefill_tp;
-    let decode = decode_worker(layout, sizes.d_blocks, path);
+    let decode = decode_connector(layout, sizes.d_blocks, path).await;
+    let rank = &decode.ranks()[0];
     assert_eq!(
-        decode.kv.len() as u64,
+        rank.ctx.kv.len() as u64,
         sizes.dst_bytes,
         "decode buffer size"
     );
     let mut child = PrefillProc::spawn(layout, sizes.p_blocks, path);
-    let addr = child.expect("ADDR");
-    let child_bytes: u64 = addr.get(1).and_then(|b| b.parse().ok()).unwrap_or(0);
+    let line = child.expect("BOOTSTRAP");
+    let child_bytes: u64 = line.get(1).and_then(|b| b.parse().ok()).unwrap_or(0);
     if child_bytes != sizes.src_bytes {
         fail(format!(
             "prefill buffer is {child_bytes} bytes, {} expected",
             sizes.src_bytes
         ));
     }
-    let addrs: Vec<&str> = addr.get(2).map_or(vec![], |a| a.split(',').collect());
-    assert_eq!(addrs.len(), tp, "one side channel per prefill rank");
-    let bootstrap = register_prefill(tp, &addrs).await;
-    let consumer = Consumer::new(decode.clone());
+    let Some(bootstrap_url) = line.get(2).cloned() else {
+        fail("prefill child: BOOTSTRAP without a URL")
+    };
     let pass = Pass {
         opts,
         layout,
         sizes,
         path,
         first_path,
-        decode: &decode,
-        consumer: &consumer,
-        bootstrap_url: bootstrap.url(),
+        decode: &rank.ctx,
+        consumer: rank.consumer.as_ref().expect("the consumer role"),
+        bootstrap_url,
     };
     for &n in &opts.tokens {
         for &scattered in &opts.scattered {
             run_case(&pass, &mut child, seq, n, scattered).await;
         }
     }
-    drop(consumer);
     drop(child);
-    drop(bootstrap);
-    drop(decode);
-}
-
-/// A bootstrap server with the prefill child's `tp` ranks (side channels
-/// `addrs`) registered as `bench-prefill`.
-async fn register_prefill(tp: usize, addrs: &[&str]) -> BootstrapServer {
-    let bootstrap = BootstrapServer::start(
-        "127.0.0.1:0".parse().expect("literal address"),
-        Some(ExpectedTopology {
-            dp_size: 1,
-            tp_size: tp as u32,
-            pp_size: 1,
-        }),
-    )
-    .await
-    .unwrap_or_else(|e| fail(format!("bootstrap server: {e}")));
-    let client = BootstrapClient::new(Duration::from_secs(5), RetryPolicy::default());
-    for (rank, a) in addrs.iter().enumerate() {
-        client
-            .register(
-                &bootstrap.url(),
-                &RegisterRequest {
-                    engine_id: "bench-prefill".into(),
-                    dp_rank: 0,
-                    tp_rank: rank as u32,
-                    pp_rank: 0,
-                    addr: a.to_string(),
-                    tp_size: Some(tp as u32),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap_or_else(|e| fail(format!("bootstrap registration: {e}")));
-    }
-    bootstrap
+    decode.shutdown().await;
 }
 
 /// What the cases of one layout over one path share.
