@@ -11,7 +11,7 @@
 //!
 //! Without a usable GPU (or in a CPU-only build) it says why and exits 2.
 use mooncake::gpu::{self, DeviceBuffer};
-use mooncake::{Access, Engine, HostBuffer, LocalMemory};
+use mooncake::{Access, Engine, HostBuffer, LocalMemory, Registration, RemoteSegment};
 use mooncake_connector::testkit::{check_pattern, fill_pattern};
 
 const MIB: usize = 1 << 20;
@@ -51,36 +51,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     println!("{:<7} {:>10}  result", "op", "bytes");
-    let mut host = vec![0u8; size];
-    for &len in &[1usize, 4096, MIB + 3, 16 * MIB, 64 * MIB] {
-        fill_pattern(&mut host[..len], 1, 0);
-        published.write_at(0, &host[..len])?;
-        local.fill(0xEE)?;
-        let mut batch = initiator.batch(1)?;
-        batch.read(&local, 0, &segment, remote.addr, len)?;
-        batch.submit()?;
-        batch.wait(None)?;
-        drop(batch);
-        local.read_at(0, &mut host[..len])?;
-        if let Some(i) = check_pattern(&host[..len], 1, 0) {
-            return Err(format!("GPU READ of {len} bytes: wrong byte at {i}").into());
-        }
-        println!("{:<7} {len:>10}  every byte verified", "READ");
-
-        fill_pattern(&mut host[..len], 2, 0);
-        local.write_at(0, &host[..len])?;
-        published.fill(0xEE)?;
-        let mut batch = initiator.batch(1)?;
-        batch.write(&local, 0, &segment, remote.addr, len)?;
-        batch.submit()?;
-        batch.wait(None)?;
-        drop(batch);
-        published.read_at(0, &mut host[..len])?;
-        if let Some(i) = check_pattern(&host[..len], 2, 0) {
-            return Err(format!("GPU WRITE of {len} bytes: wrong byte at {i}").into());
-        }
-        println!("{:<7} {len:>10}  every byte verified", "WRITE");
-    }
+    gpu_round_trips(
+        &initiator,
+        &mut local,
+        &mut published,
+        &segment,
+        remote.addr,
+    )?;
 
     // Within one engine: device -> registered host memory by the copy engines.
     let sink = initiator.register(HostBuffer::new(size)?, "*", Access::RemoteAccessible)?;
@@ -98,5 +75,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "LOCAL"
     );
     println!("\ncounters: {:?}", initiator.counters()?);
+    Ok(())
+}
+
+/// A READ and a WRITE of each size between the two device buffers, each
+/// checked byte by byte after the destination was poisoned.
+fn gpu_round_trips(
+    initiator: &Engine,
+    local: &mut Registration<DeviceBuffer>,
+    published: &mut Registration<DeviceBuffer>,
+    segment: &RemoteSegment,
+    remote_addr: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut host = vec![0u8; 64 * MIB];
+    for &len in &[1usize, 4096, MIB + 3, 16 * MIB, 64 * MIB] {
+        fill_pattern(&mut host[..len], 1, 0);
+        published.write_at(0, &host[..len])?;
+        local.fill(0xEE)?;
+        let mut batch = initiator.batch(1)?;
+        batch.read(&*local, 0, segment, remote_addr, len)?;
+        batch.submit()?;
+        batch.wait(None)?;
+        drop(batch);
+        local.read_at(0, &mut host[..len])?;
+        if let Some(i) = check_pattern(&host[..len], 1, 0) {
+            return Err(format!("GPU READ of {len} bytes: wrong byte at {i}").into());
+        }
+        println!("{:<7} {len:>10}  every byte verified", "READ");
+
+        fill_pattern(&mut host[..len], 2, 0);
+        local.write_at(0, &host[..len])?;
+        published.fill(0xEE)?;
+        let mut batch = initiator.batch(1)?;
+        batch.write(&*local, 0, segment, remote_addr, len)?;
+        batch.submit()?;
+        batch.wait(None)?;
+        drop(batch);
+        published.read_at(0, &mut host[..len])?;
+        if let Some(i) = check_pattern(&host[..len], 2, 0) {
+            return Err(format!("GPU WRITE of {len} bytes: wrong byte at {i}").into());
+        }
+        println!("{:<7} {len:>10}  every byte verified", "WRITE");
+    }
     Ok(())
 }

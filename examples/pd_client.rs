@@ -82,6 +82,22 @@ fn prompt(i: usize, len: usize) -> String {
     s
 }
 
+/// Waits for the proxy at `url` to be ready (it answers 503 while
+/// discovering); exits when it is not within `wait`.
+async fn wait_ready(http: &reqwest::Client, url: &str, wait: Duration) {
+    let t0 = Instant::now();
+    loop {
+        match http.get(format!("{url}/health")).send().await {
+            Ok(r) if r.status().is_success() => break,
+            _ if t0.elapsed() > wait => {
+                eprintln!("pd_client: {url} not ready after {wait:?}");
+                std::process::exit(1);
+            }
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let a = parse().unwrap_or_else(|e| {
@@ -89,18 +105,7 @@ async fn main() {
         std::process::exit(2)
     });
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    // Wait for the proxy to be ready (it answers 503 while discovering).
-    let t0 = Instant::now();
-    loop {
-        match http.get(format!("{}/health", a.url)).send().await {
-            Ok(r) if r.status().is_success() => break,
-            _ if t0.elapsed() > a.wait => {
-                eprintln!("pd_client: {} not ready after {:?}", a.url, a.wait);
-                std::process::exit(1);
-            }
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
+    wait_ready(&http, &a.url, a.wait).await;
     let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(a.concurrency));
     let mut tasks = Vec::new();
     for i in 0..a.requests {

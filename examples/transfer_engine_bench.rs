@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mooncake::{Access, Engine, HostBuffer, Registration};
+use mooncake::{Access, Engine, HostBuffer, Registration, RemoteSegment};
 
 struct Flags {
     mode: String,
@@ -173,6 +173,63 @@ fn target(f: &Flags) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+/// How the initiator's threads share the buffer: thread `t` moves block
+/// `i * threads + t` for request `i` of each batch.
+#[derive(Clone, Copy)]
+struct Stripe {
+    threads: usize,
+    batch_size: usize,
+    block: usize,
+    reuse: bool,
+    write: bool,
+}
+
+/// One initiator thread: batches of `stripe.batch_size` requests, submitted
+/// and waited for one after the other until `running` turns false; the
+/// number of batches it completed.
+fn worker(
+    engine: &Engine,
+    local: &Registration<HostBuffer>,
+    segment: &RemoteSegment,
+    remote_addr: u64,
+    t: usize,
+    stripe: Stripe,
+    running: &AtomicBool,
+) -> mooncake::Result<u64> {
+    let mut count = 0u64;
+    let mut reused = if stripe.reuse {
+        Some(engine.batch(stripe.batch_size)?)
+    } else {
+        None
+    };
+    while running.load(Ordering::Relaxed) {
+        let mut fresh;
+        let batch = match reused.as_mut() {
+            Some(b) => {
+                b.reset()?;
+                b
+            }
+            None => {
+                fresh = engine.batch(stripe.batch_size)?;
+                &mut fresh
+            }
+        };
+        for i in 0..stripe.batch_size {
+            let off = stripe.block * (i * stripe.threads + t);
+            let raddr = remote_addr + off as u64;
+            if stripe.write {
+                batch.write(local, off, segment, raddr, stripe.block)?;
+            } else {
+                batch.read(local, off, segment, raddr, stripe.block)?;
+            }
+        }
+        batch.submit()?;
+        batch.wait(None)?;
+        count += 1;
+    }
+    Ok(count)
+}
+
 fn initiator(f: &Flags) -> Result<(), Box<dyn std::error::Error>> {
     let span = f.block_size * f.batch_size * f.threads;
     if span > f.buffer_size {
@@ -210,43 +267,18 @@ fn initiator(f: &Flags) -> Result<(), Box<dyn std::error::Error>> {
     let batches = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let mut workers = Vec::new();
+    let stripe = Stripe {
+        threads: f.threads,
+        batch_size: f.batch_size,
+        block: f.block_size,
+        reuse: f.reuse_batches,
+        write,
+    };
     for t in 0..f.threads {
         let (engine, local, segment) = (engine.clone(), local.clone(), segment.clone());
         let (running, batches) = (running.clone(), batches.clone());
-        let (threads, batch_size, block, reuse) =
-            (f.threads, f.batch_size, f.block_size, f.reuse_batches);
         workers.push(std::thread::spawn(move || -> mooncake::Result<()> {
-            let mut count = 0u64;
-            let mut reused = if reuse {
-                Some(engine.batch(batch_size)?)
-            } else {
-                None
-            };
-            while running.load(Ordering::Relaxed) {
-                let mut fresh;
-                let batch = match reused.as_mut() {
-                    Some(b) => {
-                        b.reset()?;
-                        b
-                    }
-                    None => {
-                        fresh = engine.batch(batch_size)?;
-                        &mut fresh
-                    }
-                };
-                for i in 0..batch_size {
-                    let off = block * (i * threads + t);
-                    let raddr = remote.addr + off as u64;
-                    if write {
-                        batch.write(&*local, off, &segment, raddr, block)?;
-                    } else {
-                        batch.read(&*local, off, &segment, raddr, block)?;
-                    }
-                }
-                batch.submit()?;
-                batch.wait(None)?;
-                count += 1;
-            }
+            let count = worker(&engine, &local, &segment, remote.addr, t, stripe, &running)?;
             batches.fetch_add(count, Ordering::Relaxed);
             Ok(())
         }));

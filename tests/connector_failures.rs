@@ -22,7 +22,7 @@ async fn prefill_side_abort_fails_the_pull_at_once() {
     let t0 = Instant::now();
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-a", "xfer-a", &[1, 2])],
         )
@@ -31,7 +31,7 @@ async fn prefill_side_abort_fails_the_pull_at_once() {
     assert!(out[0].failed[0].1.contains("aborted"), "{out:?}");
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     // A pull that was already waiting when the abort came fails too.
-    let url = p.bootstrap.url();
+    let url = p.bootstrap_url();
     let id = p.engine_id.clone();
     let pull = d.pull(&url, &id, vec![req("d-b", "xfer-b", &[3])]);
     let abort = async {
@@ -60,7 +60,7 @@ async fn decoder_abort_before_scheduling_releases_prefill_blocks() {
     // An empty pull: "release, I will not pull this".
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-r", "xfer-r", &[])],
         )
@@ -75,7 +75,7 @@ async fn decoder_abort_before_scheduling_releases_prefill_blocks() {
     // Released before the prefill finished: the slot ends when it is ready.
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-e", "xfer-early", &[])],
         )
@@ -117,7 +117,7 @@ async fn decoder_that_never_pulls_expires_after_the_abort_timeout() {
         "{waited:?}"
     );
     assert_eq!(p.stats.snapshot().expired_slots, 1);
-    assert_eq!(p.ranks[0].1.slots(), 0);
+    assert_eq!(p.producer(0).slots(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,7 +127,7 @@ async fn prefill_that_never_comes_times_out_the_pull() {
     let t0 = Instant::now();
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-t", "xfer-never", &[1])],
         )
@@ -164,7 +164,7 @@ async fn injected_write_failure_reports_the_engine_error() {
     );
     let out = consumer
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-w", "xfer-w", &[1, 2, 3, 4, 5, 6, 7])],
         )
@@ -186,7 +186,7 @@ async fn unknown_engine_id_fails_without_waiting() {
     let t0 = Instant::now();
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             "no-such-engine",
             vec![req("d-u", "xfer-u", &[1])],
         )
@@ -253,7 +253,7 @@ async fn unpaired_rank_and_bad_layout_get_error_replies() {
     let d = Decode::start(2, spec(), env(30));
     // Decode rank 1 talks to prefill rank 0, which serves decode rank 0 only.
     let m = metadata_for(&d, 1, &[("d-1", "xfer-1", &[1])]);
-    let replies = raw_pull(p.ranks[0].1.side_channel_addr(), &m).await;
+    let replies = raw_pull(p.producer(0).side_channel_addr(), &m).await;
     assert_eq!(replies.len(), 1);
     assert_eq!(replies[0].status, XferStatus::Error);
     assert!(
@@ -267,7 +267,7 @@ async fn unpaired_rank_and_bad_layout_get_error_replies() {
     // A layer the prefiller does not have.
     let mut m = metadata_for(&d, 0, &[("d-1", "xfer-1", &[1])]);
     m.registered_layer_names[1] = "model.layers.99.self_attn.attn".into();
-    let r = raw_pull(p.ranks[0].1.side_channel_addr(), &m).await;
+    let r = raw_pull(p.producer(0).side_channel_addr(), &m).await;
     assert_eq!(r[0].status, XferStatus::Error);
     assert!(
         r[0].err_msg.as_deref().unwrap().contains("missing"),
@@ -275,7 +275,7 @@ async fn unpaired_rank_and_bad_layout_get_error_replies() {
     );
     // Garbage instead of msgpack.
     let mut s = zeromq::DealerSocket::new();
-    s.connect(p.ranks[0].1.side_channel_addr()).await.unwrap();
+    s.connect(p.producer(0).side_channel_addr()).await.unwrap();
     s.send(ZmqMessage::from(Bytes::from_static(
         b"\xc1\xc1 not msgpack",
     )))
@@ -307,7 +307,7 @@ async fn continue_then_finish_as_requests_become_ready() {
             ("d-b", "xfer-b", &[20, 21, 22, 23, 24]),
         ],
     );
-    let addr = p.ranks[0].1.side_channel_addr().to_string();
+    let addr = p.producer(0).side_channel_addr().to_string();
     let later = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         p.prefill("xfer-b", "p-b", &tb, &[5, 6, 7, 8, 9]);

@@ -59,7 +59,7 @@ async fn transfer(p: &mut Prefill, d: &Decode, id: &str, text: &str, dst0: u64) 
     p.prefill(&format!("xfer-{id}"), &format!("p-{id}"), &tokens, &src);
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req(&format!("d-{id}"), &format!("xfer-{id}"), &dst)],
         )
@@ -96,43 +96,52 @@ async fn rdma_setting_uses_rdma_on_allowed_nics_else_falls_back_to_tcp() {
 
     // 1. No verbs library: "rdma" falls back to TCP, and the KV still moves.
     std::env::set_var("MC_VERBS_LIBRARY", "/nonexistent/libibverbs.so.1");
-    {
-        let mut p = Prefill::start_with(1, spec(), env(30), &rdma_extra("")).await;
-        let d = Decode::start_with(1, spec(), env(30), &rdma_extra(""));
-        for e in [&p.ranks[0].0.engine, &d.ranks[0].0.engine] {
-            assert!(!e.has_rdma());
-            let why = e.rdma_unavailable_reason().expect("a fallback reason");
-            assert!(why.contains("/nonexistent"), "{why}");
-            assert!(e.rdma_topology().is_err());
-        }
-        // One warning per worker engine, naming the setting and the cause.
-        let warned = logs.take();
-        let lines: Vec<&str> = warned
-            .lines()
-            .filter(|l| l.contains("falling back to TCP"))
-            .collect();
-        assert_eq!(lines.len(), 2, "{warned}");
-        for l in lines {
-            assert!(
-                l.contains("WARN")
-                    && l.contains("mooncake_protocol \"rdma\"")
-                    && l.contains("/nonexistent"),
-                "{l}"
-            );
-        }
-        let sent = transfer(&mut p, &d, "tcp", "no verbs library, so TCP it is", 10).await;
-        // TCP transport: payload on the socket, or moved by the same-host
-        // path that rides on a TCP lane (both engines share this host).
-        let c = p.ranks[0].0.engine.counters().unwrap();
-        assert!(c.tcp_requests_sent + c.same_host_requests > 0, "{c:?}");
-        assert!(sent > 0);
-    }
+    rdma_without_verbs_falls_back_to_tcp(&logs).await;
 
     // 2. softverbs: RDMA on the NICs device_name allows, and only on them.
     std::env::set_var("MC_VERBS_LIBRARY", &lib);
+    rdma_over_softverbs_uses_only_allowed_nics(&logs).await;
+}
+
+/// Phase 1: no verbs library (MC_VERBS_LIBRARY names a missing file).
+async fn rdma_without_verbs_falls_back_to_tcp(logs: &Logs) {
+    let mut p = Prefill::start_with(1, spec(), env(30), &rdma_extra("")).await;
+    let d = Decode::start_with(1, spec(), env(30), &rdma_extra(""));
+    for e in [&p.ctx(0).engine, &d.ranks[0].0.engine] {
+        assert!(!e.has_rdma());
+        let why = e.rdma_unavailable_reason().expect("a fallback reason");
+        assert!(why.contains("/nonexistent"), "{why}");
+        assert!(e.rdma_topology().is_err());
+    }
+    // One warning per worker engine, naming the setting and the cause.
+    let warned = logs.take();
+    let lines: Vec<&str> = warned
+        .lines()
+        .filter(|l| l.contains("falling back to TCP"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{warned}");
+    for l in lines {
+        assert!(
+            l.contains("WARN")
+                && l.contains("mooncake_protocol \"rdma\"")
+                && l.contains("/nonexistent"),
+            "{l}"
+        );
+    }
+    let sent = transfer(&mut p, &d, "tcp", "no verbs library, so TCP it is", 10).await;
+    // TCP transport: payload on the socket, or moved by the same-host
+    // path that rides on a TCP lane (both engines share this host).
+    let c = p.ctx(0).engine.counters().unwrap();
+    assert!(c.tcp_requests_sent + c.same_host_requests > 0, "{c:?}");
+    assert!(sent > 0);
+}
+
+/// Phase 2: the softverbs library, four soft NICs, device_name allowing
+/// two of them on the prefill side and one on the decode side.
+async fn rdma_over_softverbs_uses_only_allowed_nics(logs: &Logs) {
     let mut p = Prefill::start_with(1, spec(), env(30), &rdma_extra("sv0,sv1")).await;
     let d = Decode::start_with(1, spec(), env(30), &rdma_extra("sv2"));
-    let pe = p.ranks[0].0.engine.clone();
+    let pe = p.ctx(0).engine.clone();
     let de = d.ranks[0].0.engine.clone();
     assert!(pe.has_rdma() && de.has_rdma());
     let warned = logs.take();
@@ -161,7 +170,7 @@ async fn rdma_setting_uses_rdma_on_allowed_nics_else_falls_back_to_tcp() {
     // NUMA node: sv0 on node 0, sv1 on node 1).
     assert_eq!(moved.total_bytes(), sent, "{moved:?}");
     assert_eq!(moved.total_errors(), 0);
-    let location = p.ranks[0].0.kv.location().unwrap();
+    let location = p.ctx(0).kv.location().unwrap();
     let preferred = topo.nics_for(&location).preferred;
     assert!(!preferred.is_empty(), "{location}: {topo:?}");
     for nic in &moved.nics {

@@ -22,7 +22,7 @@ async fn equal_tp_two_requests_in_one_pull() {
     p.prefill("xfer-2", "p-2", &t2, &[20, 21, 22, 23, 24, 25, 26, 27]);
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![
                 req("d-1", "xfer-1", &[10, 11, 12, 13, 14, 15, 16]),
@@ -63,7 +63,7 @@ async fn decoder_asks_before_prefill_finishes() {
     let p = Prefill::start(1, spec(), env(30)).await;
     let d = Decode::start(1, spec(), env(30));
     let tokens = tokenize("decoder first, prefill later");
-    let url = p.bootstrap.url();
+    let url = p.bootstrap_url();
     let engine_id = p.engine_id.clone();
     let pull = d.pull(
         &url,
@@ -93,7 +93,7 @@ async fn partial_prefix_sends_only_the_tail() {
     // The decoder has the first 5 blocks cached; it asks for the last 3.
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-pp", "xfer-pp", &[50, 51, 52])],
         )
@@ -123,7 +123,7 @@ async fn partial_prefix_sends_only_the_tail() {
     p.prefill("xfer-short", "p-short", &tokens[..8], &[9, 10]);
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-s", "xfer-short", &[1, 2, 3])],
         )
@@ -144,7 +144,7 @@ async fn prefill_tp2_to_decode_tp1() {
     let dst: Vec<u64> = blocks.iter().map(|b| b + 20).collect();
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-21", "xfer-21", &dst)],
         )
@@ -175,18 +175,18 @@ async fn prefill_tp1_to_decode_tp2_needs_both_pulls() {
     let first = d.ranks[0]
         .1
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-12", "xfer-12", &dst)],
         )
         .await;
     assert_eq!(first.ok, ["d-12"]);
     assert_eq!(p.next_event(Duration::from_millis(300)).await, None);
-    assert_eq!(p.ranks[0].1.slots(), 1);
+    assert_eq!(p.producer(0).slots(), 1);
     let second = d.ranks[1]
         .1
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-12", "xfer-12", &dst)],
         )
@@ -223,12 +223,12 @@ async fn scattered_pull_reads_each_status_once() {
     let src: Vec<u64> = (0..BLOCKS).collect();
     // Every other decode block: no two neighbours, so nothing coalesces.
     let dst: Vec<u64> = (0..BLOCKS).map(|b| 2 * b + 1).collect();
-    let engine = &p.ranks[0].0.engine;
+    let engine = &p.ctx(0).engine;
     let before = engine.counters().unwrap();
     p.prefill("xfer-s", "p-s", &tokens, &src);
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-s", "xfer-s", &dst)],
         )
@@ -242,7 +242,7 @@ async fn scattered_pull_reads_each_status_once() {
         d.verify(&tokens, &dst).unwrap(),
         expected_digest(&spec, &tokens)
     );
-    let after = p.ranks[0].0.engine.counters().unwrap();
+    let after = p.ctx(0).engine.counters().unwrap();
     let descriptors = BLOCKS * spec.layers as u64;
     assert_eq!(p.stats.snapshot().descriptors_sent, descriptors);
     assert_eq!(after.tasks_submitted - before.tasks_submitted, descriptors);

@@ -13,7 +13,7 @@ async fn unknown_pulls_do_not_starve_a_real_pull() {
     // A long abort timeout: unknown ids must not wait for it.
     let p = Prefill::start(1, spec(), env(120)).await;
     let d = Decode::start(1, spec(), env(120));
-    let (url, id) = (p.bootstrap.url(), p.engine_id.clone());
+    let (url, id) = (p.bootstrap_url(), p.engine_id.clone());
     // More unknown pulls than a vLLM worker has handler tasks (2 × 10).
     let flood = futures::future::join_all((0..40).map(|i| {
         let (d, url, id) = (&d, url.clone(), id.clone());
@@ -60,11 +60,9 @@ async fn a_pull_for_a_started_request_waits_for_it() {
     let d = Decode::start(1, spec(), env(30));
     // The engine admitted the request; its prefill takes longer than the
     // grace for unknown ids.
-    for (_, pr) in &p.ranks {
-        pr.request_started("xfer-slow");
-    }
+    p.connector.request_started("xfer-slow");
     let tokens = tokenize("a slow prefill");
-    let url = p.bootstrap.url();
+    let url = p.bootstrap_url();
     let pull = d.pull(&url, &p.engine_id, vec![req("d-s", "xfer-slow", &[3])]);
     let finish = async {
         tokio::time::sleep(Duration::from_secs(6)).await;

@@ -4,26 +4,46 @@
 //! greeting), it falls back to TCP and every transfer still completes.
 //!
 //! Its own test binary: when not run as root it makes this process
-//! non-dumpable, which other tests must not see.
+//! non-dumpable, which other tests must not see. Whether the test can run
+//! is known only at run time (as root, the peer binary must be executable
+//! by another user), so the binary has its own `main` (libtest-mimic): when
+//! it cannot, the test is reported as *ignored* with the reason on stderr,
+//! not as passed.
 mod support;
 
+use libtest_mimic::{Arguments, Trial};
 use mooncake::{Access, Engine, HostBuffer};
 use mooncake_connector::testkit::{check_pattern, fill_pattern};
 use support::{Kind, PeerProc};
 
-#[test]
-fn refused_cross_memory_attach_falls_back_to_tcp() {
+const NAME: &str = "refused_cross_memory_attach_falls_back_to_tcp";
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut test = Trial::test(NAME, || {
+        refused_cross_memory_attach_falls_back_to_tcp();
+        Ok(())
+    });
+    if running_as_root()
+        && !others_may_run(std::path::Path::new(env!("CARGO_BIN_EXE_mooncake-peer")))
+    {
+        eprintln!(
+            "skipped {NAME}: the peer binary is not executable by other users here \
+             (a private build directory)"
+        );
+        test = test.with_ignored_flag(true);
+    }
+    libtest_mimic::run(&args, vec![test]).exit();
+}
+
+fn running_as_root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let mut target = if root {
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn refused_cross_memory_attach_falls_back_to_tcp() {
+    let mut target = if running_as_root() {
         // As another user, the target may not attach to this (root) process.
-        if !others_may_run(std::path::Path::new(env!("CARGO_BIN_EXE_mooncake-peer"))) {
-            eprintln!(
-                "SKIPPED refused_cross_memory_attach_falls_back_to_tcp: the peer binary is not \
-                 executable by other users here (a private build directory)"
-            );
-            return;
-        }
         PeerProc::spawn_as(Kind::Ours, 4 << 20, 71, &[], Some(65534))
     } else {
         // Not dumpable: a process of our user without CAP_SYS_PTRACE may not

@@ -56,8 +56,8 @@ async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn huge_frame_drops_the_peer_and_the_prefill_keeps_serving() {
     let p = Prefill::start(1, spec(), env(5)).await;
-    let addr = p.ranks[0]
-        .1
+    let addr = p
+        .producer(0)
         .side_channel_addr()
         .trim_start_matches("tcp://")
         .to_string();
@@ -84,7 +84,7 @@ async fn huge_frame_drops_the_peer_and_the_prefill_keeps_serving() {
     p.prefill("xfer-ok", "p-ok", &tokens, &[1, 2]);
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-ok", "xfer-ok", &[4, 5])],
         )
@@ -161,7 +161,7 @@ async fn absurd_field_values_get_an_error_reply_naming_the_field() {
     use mooncake_connector::connector::protocol::{encode, XferStatus};
     let p = Prefill::start(1, spec(), env(5)).await;
     let d = Decode::start(1, spec(), env(5));
-    let addr = p.ranks[0].1.side_channel_addr().to_string();
+    let addr = p.producer(0).side_channel_addr().to_string();
     let base = {
         let mut m = mooncake_connector::connector::protocol::XferMetadata {
             remote_hostname: "127.0.0.1".into(),
@@ -182,7 +182,7 @@ async fn absurd_field_values_get_an_error_reply_naming_the_field() {
         d.ranks[0].0.layout.fill_metadata(&mut m);
         m
     };
-    let num_blocks = p.ranks[0].0.spec.num_blocks;
+    let num_blocks = p.ctx(0).spec.num_blocks;
     let cases: Vec<(&str, Edit)> = vec![
         ("remote_tp_size", Box::new(|m| m.remote_tp_size = 1 << 34)),
         ("remote_tp_size", Box::new(|m| m.remote_tp_size = 1 << 63)),
@@ -221,7 +221,7 @@ async fn absurd_field_values_get_an_error_reply_naming_the_field() {
     p.prefill("xfer-ok", "p-ok", &tokens, &[1, 2]);
     let out = d
         .pull(
-            &p.bootstrap.url(),
+            &p.bootstrap_url(),
             &p.engine_id,
             vec![req("d-ok", "xfer-ok", &[4, 5])],
         )

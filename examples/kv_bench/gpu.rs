@@ -18,12 +18,13 @@ use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use mooncake::gpu::{self, DeviceBuffer};
-use mooncake::{Access, Engine, Registration};
-use mooncake_connector::sim::kv_layouts::{all_layouts, plan_descriptors};
+use mooncake::{Access, Engine, Registration, RemoteSegment};
+use mooncake_connector::connector::regions::Descriptor;
+use mooncake_connector::sim::kv_layouts::{all_layouts, plan_descriptors, BenchLayout};
 
 use crate::{
-    fail, gib, print_header, sample_indices, sampled_blocks, BenchPath, DecodeCache, Opts,
-    PrefillProc, Row,
+    case_blocks, fail, gib, pattern_name, print_header, sample_indices, sampled_blocks, BenchPath,
+    DecodeCache, Opts, PrefillProc, Row, Sizes,
 };
 
 impl BenchPath {
@@ -73,7 +74,6 @@ pub(crate) fn run(opts: &Opts) {
         );
         std::process::exit(2);
     }
-    let max_tokens = *opts.tokens.iter().max().expect("at least one size");
     if !opts.json {
         println!(
             "mooncake-rs KV transfer, GPU memory on both sides: prefill (child process, one engine \
@@ -83,109 +83,114 @@ pub(crate) fn run(opts: &Opts) {
     }
     for layout in &opts.layouts {
         let tp = layout.prefill_tp;
-        let p_blocks = layout.blocks_for(max_tokens) as u64;
-        let d_blocks = if opts.scattered.contains(&true) {
-            2 * p_blocks
-        } else {
-            p_blocks
-        };
-        let src_bytes = layout.regions() as u64 * p_blocks * layout.rank_block_bytes(tp);
-        let dst_bytes = layout.regions() as u64 * d_blocks * layout.block_bytes;
+        let sizes = Sizes::new(layout, opts);
         if !opts.json {
             println!(
                 "\nlayout {}: {}\n  GPU caches: prefill {:.2} GiB per rank (TP {tp}), decode {:.2} GiB",
                 layout.name,
                 layout.description,
-                gib(src_bytes),
-                gib(dst_bytes)
+                gib(sizes.src_bytes),
+                gib(sizes.dst_bytes)
             );
             print_header("ipc copies");
         }
         for &path in &opts.paths {
-            let decode = engine(path);
-            let buf = DeviceBuffer::new(0, dst_bytes as usize)
-                .unwrap_or_else(|e| fail(format!("decode GPU cache of {dst_bytes} bytes: {e}")));
-            let mut kv = decode
-                .register(buf, "*", Access::RemoteAccessible)
-                .unwrap_or_else(|e| fail(format!("registering the decode cache: {e}")));
-            let mut cache = GpuCache {
-                kv: &mut kv,
-                region_bytes: d_blocks * layout.block_bytes,
-                block_bytes: layout.block_bytes,
-            };
-            let mut child = PrefillProc::spawn_with(
-                &[
-                    "--gpu-prefill-child",
-                    layout.name,
-                    &p_blocks.to_string(),
-                    &d_blocks.to_string(),
-                    decode.segment_name(),
-                    path.gpu_name(),
-                ],
-                None,
-            );
-            child.expect("READY");
-            for &n in &opts.tokens {
-                let nb = layout.blocks_for(n) as u64;
-                let src: Vec<u64> = (0..nb).collect();
-                for &scattered in &opts.scattered {
-                    let pattern = if scattered { "scattered" } else { "contiguous" };
-                    let dst: Vec<u64> = if scattered {
-                        src.iter().map(|b| 2 * b + 1).collect()
-                    } else {
-                        src.clone()
-                    };
-                    let samples = sample_indices(src.len(), opts.verify_all);
-                    sampled_blocks(layout, &mut cache, &src, &dst, &samples, false)
-                        .unwrap_or_else(|e| fail(e));
-                    let mut times = Vec::with_capacity(opts.runs);
-                    let (mut descs, mut bytes, mut tcp, mut ipc) = (0u64, 0u64, 0u64, 0u64);
-                    for _ in 0..opts.runs {
-                        child.send(&format!("PUSH {n} {}", u8::from(scattered)));
-                        let done = child.expect("DONE");
-                        let num = |i: usize| -> u64 {
-                            done.get(i)
-                                .and_then(|v| v.parse().ok())
-                                .unwrap_or_else(|| fail(format!("bad DONE line {done:?}")))
-                        };
-                        (descs, bytes) = (num(1), num(2));
-                        times.push(num(3));
-                        tcp += num(4);
-                        ipc += num(5);
-                    }
-                    let wrong = match path {
-                        BenchPath::SameHost => ipc == 0 || tcp != 0,
-                        BenchPath::Tcp => tcp == 0 || ipc != 0,
-                    };
-                    if wrong {
-                        fail(format!(
-                            "{} {n} {pattern}: {} was requested but {tcp} TCP requests and {ipc} IPC copies were made",
-                            layout.name,
-                            path.gpu_name()
-                        ));
-                    }
-                    sampled_blocks(layout, &mut cache, &src, &dst, &samples, true).unwrap_or_else(
-                        |e| {
-                            fail(format!(
-                                "{} {n} {pattern} {}: wrong KV bytes: {e}",
-                                layout.name,
-                                path.gpu_name()
-                            ))
-                        },
-                    );
-                    times.sort_unstable();
-                    let ms = times[times.len() / 2] as f64 / 1e3;
-                    let runs = opts.runs as u64;
-                    Row::new(layout.name, n, pattern, path.gpu_name(), descs, bytes, ms).print(
-                        opts.json,
-                        tcp / runs,
-                        ipc / runs,
-                    );
-                }
-            }
-            drop(child);
+            run_path(opts, layout, &sizes, path);
         }
     }
+}
+
+/// One layout over one path: the decode cache on this process's GPU, the
+/// prefill child, then every case.
+fn run_path(opts: &Opts, layout: &BenchLayout, sizes: &Sizes, path: BenchPath) {
+    let dst_bytes = sizes.dst_bytes;
+    let decode = engine(path);
+    let buf = DeviceBuffer::new(0, dst_bytes as usize)
+        .unwrap_or_else(|e| fail(format!("decode GPU cache of {dst_bytes} bytes: {e}")));
+    let mut kv = decode
+        .register(buf, "*", Access::RemoteAccessible)
+        .unwrap_or_else(|e| fail(format!("registering the decode cache: {e}")));
+    let mut cache = GpuCache {
+        kv: &mut kv,
+        region_bytes: sizes.d_blocks * layout.block_bytes,
+        block_bytes: layout.block_bytes,
+    };
+    let mut child = PrefillProc::spawn_with(
+        &[
+            "--gpu-prefill-child",
+            layout.name,
+            &sizes.p_blocks.to_string(),
+            &sizes.d_blocks.to_string(),
+            decode.segment_name(),
+            path.gpu_name(),
+        ],
+        None,
+    );
+    child.expect("READY");
+    for &n in &opts.tokens {
+        for &scattered in &opts.scattered {
+            run_case(opts, layout, path, &mut cache, &mut child, n, scattered);
+        }
+    }
+    drop(child);
+}
+
+/// One case (prompt size and pattern): `--runs` pushes by the child,
+/// checks of the path taken and of the bytes, its row.
+fn run_case(
+    opts: &Opts,
+    layout: &BenchLayout,
+    path: BenchPath,
+    cache: &mut GpuCache<'_>,
+    child: &mut PrefillProc,
+    n: usize,
+    scattered: bool,
+) {
+    let pattern = pattern_name(scattered);
+    let (src, dst) = case_blocks(layout, n, scattered);
+    let samples = sample_indices(src.len(), opts.verify_all);
+    sampled_blocks(layout, cache, &src, &dst, &samples, false).unwrap_or_else(|e| fail(e));
+    let mut times = Vec::with_capacity(opts.runs);
+    let (mut descs, mut bytes, mut tcp, mut ipc) = (0u64, 0u64, 0u64, 0u64);
+    for _ in 0..opts.runs {
+        child.send(&format!("PUSH {n} {}", u8::from(scattered)));
+        let done = child.expect("DONE");
+        let num = |i: usize| -> u64 {
+            done.get(i)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| fail(format!("bad DONE line {done:?}")))
+        };
+        (descs, bytes) = (num(1), num(2));
+        times.push(num(3));
+        tcp += num(4);
+        ipc += num(5);
+    }
+    let wrong = match path {
+        BenchPath::SameHost => ipc == 0 || tcp != 0,
+        BenchPath::Tcp => tcp == 0 || ipc != 0,
+    };
+    if wrong {
+        fail(format!(
+            "{} {n} {pattern}: {} was requested but {tcp} TCP requests and {ipc} IPC copies were made",
+            layout.name,
+            path.gpu_name()
+        ));
+    }
+    sampled_blocks(layout, cache, &src, &dst, &samples, true).unwrap_or_else(|e| {
+        fail(format!(
+            "{} {n} {pattern} {}: wrong KV bytes: {e}",
+            layout.name,
+            path.gpu_name()
+        ))
+    });
+    times.sort_unstable();
+    let ms = times[times.len() / 2] as f64 / 1e3;
+    let runs = opts.runs as u64;
+    Row::new(layout.name, n, pattern, path.gpu_name(), descs, bytes, ms).print(
+        opts.json,
+        tcp / runs,
+        ipc / runs,
+    );
 }
 
 /// The prefill side of `--gpu`: `--gpu-prefill-child <layout> <prefill
@@ -210,6 +215,54 @@ pub(crate) fn prefill_child(args: &[String]) {
     } else {
         BenchPath::Tcp
     };
+    let ranks = prefill_ranks(&layout, p_blocks, path, segment);
+    // The decode cache: the one buffer the decode engine publishes.
+    let base = ranks[0]
+        .2
+        .buffers()
+        .ok()
+        .and_then(|b| b.first().map(|r| r.addr))
+        .unwrap_or_else(|| fail("the decode engine publishes no buffer"));
+    println!("READY");
+    let _ = std::io::stdout().flush();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let f: Vec<&str> = line.split(' ').collect();
+        let ["PUSH", tokens, scattered] = f.as_slice() else {
+            fail(format!("gpu prefill child: unexpected command {line:?}"))
+        };
+        let (src, dst) = case_blocks(&layout, parse(tokens) as usize, *scattered == "1");
+        let plan = plan_descriptors(&layout, p_blocks, d_blocks, &src, &dst)
+            .unwrap_or_else(|e| fail(format!("planning: {e}")));
+        let before: Vec<_> = ranks
+            .iter()
+            .map(|(e, _, _)| e.counters().unwrap_or_else(|e| fail(e)))
+            .collect();
+        let t0 = Instant::now();
+        push(&ranks, &plan, base);
+        let micros = t0.elapsed().as_micros();
+        let (mut tcp, mut ipc) = (0, 0);
+        for ((e, _, _), b) in ranks.iter().zip(&before) {
+            let c = e.counters().unwrap_or_else(|e| fail(e));
+            tcp += c.tcp_requests_sent - b.tcp_requests_sent;
+            ipc += c.ipc_copies - b.ipc_copies;
+        }
+        let descs: usize = plan.iter().map(Vec::len).sum();
+        let bytes: u64 = plan.iter().flatten().map(|d| d.len).sum();
+        println!("DONE {descs} {bytes} {micros} {tcp} {ipc}");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+/// One engine per TP rank of `layout`, each with its GPU cache of
+/// `p_blocks` blocks per region filled with the layout's pattern, and the
+/// decode engine's segment `segment` opened.
+fn prefill_ranks(
+    layout: &BenchLayout,
+    p_blocks: u64,
+    path: BenchPath,
+    segment: &str,
+) -> Vec<(Engine, Registration<DeviceBuffer>, RemoteSegment)> {
     let tp = layout.prefill_tp;
     let rank_block = layout.rank_block_bytes(tp) as usize;
     let region_bytes = p_blocks as usize * rank_block;
@@ -234,61 +287,31 @@ pub(crate) fn prefill_child(args: &[String]) {
             .unwrap_or_else(|e| fail(format!("opening {segment}: {e}")));
         ranks.push((e, kv, seg));
     }
-    // The decode cache: the one buffer the decode engine publishes.
-    let base = ranks[0]
-        .2
-        .buffers()
-        .ok()
-        .and_then(|b| b.first().map(|r| r.addr))
-        .unwrap_or_else(|| fail("the decode engine publishes no buffer"));
-    println!("READY");
-    let _ = std::io::stdout().flush();
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
-        let f: Vec<&str> = line.split(' ').collect();
-        let ["PUSH", tokens, scattered] = f.as_slice() else {
-            fail(format!("gpu prefill child: unexpected command {line:?}"))
-        };
-        let nb = layout.blocks_for(parse(tokens) as usize) as u64;
-        let src: Vec<u64> = (0..nb).collect();
-        let dst: Vec<u64> = if *scattered == "1" {
-            src.iter().map(|b| 2 * b + 1).collect()
-        } else {
-            src.clone()
-        };
-        let plan = plan_descriptors(&layout, p_blocks, d_blocks, &src, &dst)
-            .unwrap_or_else(|e| fail(format!("planning: {e}")));
-        let before: Vec<_> = ranks
-            .iter()
-            .map(|(e, _, _)| e.counters().unwrap_or_else(|e| fail(e)))
-            .collect();
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for ((e, kv, seg), descs) in ranks.iter().zip(&plan) {
-                s.spawn(move || {
-                    let mut batch = e.batch(descs.len().max(1)).unwrap_or_else(|e| fail(e));
-                    for d in descs {
-                        batch
-                            .write(kv, d.src as usize, seg, base + d.dst, d.len as usize)
-                            .unwrap_or_else(|e| fail(format!("queueing a descriptor: {e}")));
-                    }
-                    batch.submit().unwrap_or_else(|e| fail(e));
-                    if let Err(e) = batch.wait(None) {
-                        fail(format!("GPU KV batch failed: {e}"));
-                    }
-                });
-            }
-        });
-        let micros = t0.elapsed().as_micros();
-        let (mut tcp, mut ipc) = (0, 0);
-        for ((e, _, _), b) in ranks.iter().zip(&before) {
-            let c = e.counters().unwrap_or_else(|e| fail(e));
-            tcp += c.tcp_requests_sent - b.tcp_requests_sent;
-            ipc += c.ipc_copies - b.ipc_copies;
+    ranks
+}
+
+/// WRITEs each rank's descriptors in `plan` into the decode cache at
+/// `base`, one batch per rank, the ranks concurrently; returns once every
+/// batch completed.
+fn push(
+    ranks: &[(Engine, Registration<DeviceBuffer>, RemoteSegment)],
+    plan: &[Vec<Descriptor>],
+    base: u64,
+) {
+    std::thread::scope(|s| {
+        for ((e, kv, seg), descs) in ranks.iter().zip(plan) {
+            s.spawn(move || {
+                let mut batch = e.batch(descs.len().max(1)).unwrap_or_else(|e| fail(e));
+                for d in descs {
+                    batch
+                        .write(kv, d.src as usize, seg, base + d.dst, d.len as usize)
+                        .unwrap_or_else(|e| fail(format!("queueing a descriptor: {e}")));
+                }
+                batch.submit().unwrap_or_else(|e| fail(e));
+                if let Err(e) = batch.wait(None) {
+                    fail(format!("GPU KV batch failed: {e}"));
+                }
+            });
         }
-        let descs: usize = plan.iter().map(Vec::len).sum();
-        let bytes: u64 = plan.iter().flatten().map(|d| d.len).sum();
-        println!("DONE {descs} {bytes} {micros} {tcp} {ipc}");
-        let _ = std::io::stdout().flush();
-    }
+    });
 }

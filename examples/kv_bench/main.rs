@@ -73,16 +73,12 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooncake::LocalMemory;
-use mooncake_connector::connector::bootstrap::{
-    BootstrapClient, BootstrapServer, ExpectedTopology, RegisterRequest, RetryPolicy,
-};
 use mooncake_connector::connector::{
-    ConnectorEnv, ConnectorStats, Consumer, KvTransferConfig, Producer, ProducerEvent, PullRequest,
-    WorkerContext,
+    Connector, ConnectorEnv, ConnectorOptions, ConnectorRank, Consumer, KvTransferConfig,
+    ProducerEvent, PullRequest, WorkerContext,
 };
 use mooncake_connector::sim::kv_layouts::{
     all_layouts, plan_descriptors, select_layouts, BenchLayout,
@@ -257,9 +253,11 @@ fn main() {
 
 // ---------------------------------------------------------------- child --
 
-/// Prefill side: `--prefill-child <layout> <blocks per region>`. Fills its
-/// cache, starts one producer per TP rank, prints
-/// `ADDR <buffer bytes per rank> <side-channel addr per rank, comma-separated>`,
+/// Prefill side: `--prefill-child <layout> <blocks per region>`. Starts the
+/// connector as a prefill engine does (`Connector::start`: one producer per
+/// TP rank, the embedded bootstrap server on 127.0.0.1, every rank
+/// registered there as `bench-prefill`), fills its caches, prints
+/// `BOOTSTRAP <buffer bytes per rank> <bootstrap server URL>`,
 /// then serves stdin lines `READY <transfer_id> <p_req_id> <block ids,>`:
 /// marks the request ready on every rank, answers `ARMED <transfer_id>`,
 /// and once every rank has sent it, `SENT <transfer_id> <descriptors>
@@ -277,38 +275,15 @@ async fn prefill_child(args: &[String]) {
         .parse()
         .unwrap_or_else(|_| fail(format!("bad block count {blocks:?}")));
     let tp = layout.prefill_tp;
-    let stats = Arc::new(ConnectorStats::default());
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let mut ranks = Vec::new();
-    for rank in 0..tp {
-        let ctx = Arc::new(
-            WorkerContext::new(
-                config("kv_producer", "bench-prefill"),
-                env(),
-                layout.cache_spec(tp, num_blocks),
-                tp,
-                rank,
-                0,
-                stats.clone(),
-            )
-            .unwrap_or_else(|e| fail(format!("prefill rank {rank}: {e}"))),
-        );
-        let mut buf = vec![0u8; layout.rank_block_bytes(tp) as usize];
-        for region in 0..layout.regions() {
-            for b in 0..num_blocks {
-                layout.fill_block(tp, rank, region, b, &mut buf);
-                ctx.kv
-                    .write_shared(ctx.block_offset(region, b), &buf)
-                    .unwrap_or_else(|e| fail(e));
-            }
-        }
-        let producer = Producer::start(ctx.clone(), tx.clone())
-            .await
-            .unwrap_or_else(|e| fail(format!("prefill rank {rank}: {e}")));
-        ranks.push((ctx, producer));
-    }
-    let addrs: Vec<&str> = ranks.iter().map(|(_, p)| p.side_channel_addr()).collect();
-    println!("ADDR {} {}", ranks[0].0.kv.len(), addrs.join(","));
+    let connector = start_prefill(&layout, num_blocks, tx).await;
+    let stats = connector.stats().clone();
+    let ranks = connector.ranks();
+    println!(
+        "BOOTSTRAP {} {}",
+        ranks[0].ctx.kv.len(),
+        connector.bootstrap_url().expect("a producer registers")
+    );
     // Blocking stdin lines, handed to the runtime.
     let (line_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
@@ -319,12 +294,6 @@ async fn prefill_child(args: &[String]) {
             }
         }
     });
-    let counters = |ranks: &[(Arc<WorkerContext>, Producer)]| {
-        ranks.iter().fold((0u64, 0u64), |(t, s), (ctx, _)| {
-            let c = ctx.engine.counters().unwrap_or_else(|e| fail(e));
-            (t + c.tcp_requests_sent, s + c.same_host_requests)
-        })
-    };
     while let Some(line) = lines.recv().await {
         let mut f = line.split(' ');
         let (Some("READY"), Some(tid), Some(preq), Some(ids)) =
@@ -340,10 +309,8 @@ async fn prefill_child(args: &[String]) {
             })
             .collect();
         let before = stats.snapshot();
-        let (tcp0, sh0) = counters(&ranks);
-        for (_, p) in &ranks {
-            p.request_ready(tid, preq, vec![ids.clone()]);
-        }
+        let (tcp0, sh0) = engine_requests(ranks);
+        connector.request_ready(tid, preq, vec![ids]);
         println!("ARMED {tid}");
         let mut finished = 0;
         while finished < tp {
@@ -359,7 +326,7 @@ async fn prefill_child(args: &[String]) {
             }
         }
         let after = stats.snapshot();
-        let (tcp1, sh1) = counters(&ranks);
+        let (tcp1, sh1) = engine_requests(ranks);
         println!(
             "SENT {tid} {} {} {} {}",
             after.descriptors_sent - before.descriptors_sent,
@@ -368,6 +335,51 @@ async fn prefill_child(args: &[String]) {
             sh1 - sh0
         );
     }
+}
+
+/// The prefill connector for `layout` (`bench-prefill`, TP `prefill_tp`),
+/// each rank's cache filled with the layout's pattern.
+async fn start_prefill(
+    layout: &BenchLayout,
+    num_blocks: u64,
+    events: tokio::sync::mpsc::UnboundedSender<ProducerEvent>,
+) -> Connector {
+    let tp = layout.prefill_tp;
+    let opts = ConnectorOptions {
+        kv: config("kv_producer", "bench-prefill"),
+        // The embedded bootstrap server on a free port.
+        env: ConnectorEnv {
+            bootstrap_port: 0,
+            ..env()
+        },
+        cache: layout.cache_spec(tp, num_blocks),
+        tp,
+        dp_rank: 0,
+    };
+    let connector = Connector::start(opts, events)
+        .await
+        .unwrap_or_else(|e| fail(format!("prefill connector: {e}")));
+    let mut buf = vec![0u8; layout.rank_block_bytes(tp) as usize];
+    for (rank, r) in connector.ranks().iter().enumerate() {
+        for region in 0..layout.regions() {
+            for b in 0..num_blocks {
+                layout.fill_block(tp, rank, region, b, &mut buf);
+                r.ctx
+                    .kv
+                    .write_shared(r.ctx.block_offset(region, b), &buf)
+                    .unwrap_or_else(|e| fail(e));
+            }
+        }
+    }
+    connector
+}
+
+/// The TCP and same-host requests the ranks' engines made so far.
+fn engine_requests(ranks: &[ConnectorRank]) -> (u64, u64) {
+    ranks.iter().fold((0u64, 0u64), |(t, s), r| {
+        let c = r.ctx.engine.counters().unwrap_or_else(|e| fail(e));
+        (t + c.tcp_requests_sent, s + c.same_host_requests)
+    })
 }
 
 // --------------------------------------------------------------- parent --
@@ -536,27 +548,28 @@ fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
 }
 
-/// Builds the decode worker (TP 1). For the TCP path its engine must
-/// neither use nor offer the same-host path; the engine reads
-/// `MC_DISABLE_SAME_HOST_PATH` when it is built, so the variable is set
-/// (or cleared) around the build only (nothing else in this process reads
-/// it).
-fn decode_worker(layout: &BenchLayout, blocks: u64, path: BenchPath) -> Arc<WorkerContext> {
+/// Starts the decode connector (TP 1) as a decode engine does
+/// (`Connector::start`). For the TCP path its engine must neither use nor
+/// offer the same-host path; the engine reads `MC_DISABLE_SAME_HOST_PATH`
+/// when it is built, so the variable is set (or cleared) around the start
+/// only (nothing else in this process reads it).
+async fn decode_connector(layout: &BenchLayout, blocks: u64, path: BenchPath) -> Connector {
     match path {
         BenchPath::Tcp => std::env::set_var("MC_DISABLE_SAME_HOST_PATH", "1"),
         BenchPath::SameHost => std::env::remove_var("MC_DISABLE_SAME_HOST_PATH"),
     }
-    let ctx = WorkerContext::new(
-        config("kv_consumer", "bench-decode"),
-        env(),
-        layout.cache_spec(1, blocks),
-        1,
-        0,
-        0,
-        Arc::new(ConnectorStats::default()),
-    );
+    let opts = ConnectorOptions {
+        kv: config("kv_consumer", "bench-decode"),
+        env: env(),
+        cache: layout.cache_spec(1, blocks),
+        tp: 1,
+        dp_rank: 0,
+    };
+    // A consumer sends no events.
+    let (events, _) = tokio::sync::mpsc::unbounded_channel();
+    let connector = Connector::start(opts, events).await;
     std::env::remove_var("MC_DISABLE_SAME_HOST_PATH");
-    Arc::new(ctx.unwrap_or_else(|e| fail(format!("decode worker: {e}"))))
+    connector.unwrap_or_else(|e| fail(format!("decode worker: {e}")))
 }
 
 /// Indices into a request's block list that are checked after a case.
@@ -662,8 +675,57 @@ fn write_dump(
     }
 }
 
+/// A layout's cache sizes for the largest prompt chosen: blocks per region
+/// and bytes per rank on each side (decode has room for the scattered
+/// pattern when it runs).
+pub(crate) struct Sizes {
+    pub(crate) p_blocks: u64,
+    pub(crate) d_blocks: u64,
+    pub(crate) src_bytes: u64,
+    pub(crate) dst_bytes: u64,
+}
+
+impl Sizes {
+    pub(crate) fn new(layout: &BenchLayout, opts: &Opts) -> Self {
+        let max_tokens = *opts.tokens.iter().max().expect("at least one size");
+        let tp = layout.prefill_tp;
+        let p_blocks = layout.blocks_for(max_tokens) as u64;
+        let d_blocks = if opts.scattered.contains(&true) {
+            2 * p_blocks
+        } else {
+            p_blocks
+        };
+        let regions = layout.regions() as u64;
+        Self {
+            p_blocks,
+            d_blocks,
+            src_bytes: regions * p_blocks * layout.rank_block_bytes(tp),
+            dst_bytes: regions * d_blocks * layout.block_bytes,
+        }
+    }
+}
+
+/// The prefill and decode blocks of an `n`-token prompt: decode block `b`
+/// (contiguous) or `2b+1` (scattered) for prefill block `b`.
+pub(crate) fn case_blocks(layout: &BenchLayout, n: usize, scattered: bool) -> (Vec<u64>, Vec<u64>) {
+    let src: Vec<u64> = (0..layout.blocks_for(n) as u64).collect();
+    let dst: Vec<u64> = if scattered {
+        src.iter().map(|b| 2 * b + 1).collect()
+    } else {
+        src.clone()
+    };
+    (src, dst)
+}
+
+pub(crate) fn pattern_name(scattered: bool) -> &'static str {
+    if scattered {
+        "scattered"
+    } else {
+        "contiguous"
+    }
+}
+
 async fn run(opts: Opts) {
-    let max_tokens = *opts.tokens.iter().max().expect("at least one size");
     if let Some(dir) = &opts.dump {
         std::fs::create_dir_all(dir)
             .unwrap_or_else(|e| fail(format!("cannot create {}: {e}", dir.display())));
@@ -677,174 +739,222 @@ async fn run(opts: Opts) {
     }
     let mut seq = 0u64;
     for layout in &opts.layouts {
-        let tp = layout.prefill_tp;
-        let p_blocks = layout.blocks_for(max_tokens) as u64;
-        let d_blocks = if opts.scattered.contains(&true) {
-            2 * p_blocks
-        } else {
-            p_blocks
-        };
-        let regions = layout.regions() as u64;
-        let src_bytes = regions * p_blocks * layout.rank_block_bytes(tp);
-        let dst_bytes = regions * d_blocks * layout.block_bytes;
+        let sizes = Sizes::new(layout, &opts);
         if !opts.json {
+            let tp = layout.prefill_tp;
+            let Sizes {
+                p_blocks, d_blocks, ..
+            } = sizes;
             println!(
                 "\nlayout {}: {}\n  {} regions x {} bytes per block (prefill TP {tp}: {} bytes per rank) -> decode TP 1; \
                  caches: prefill {:.2} GiB per rank ({p_blocks} blocks/region), decode {:.2} GiB ({d_blocks} blocks/region)",
                 layout.name,
                 layout.description,
-                regions,
+                layout.regions(),
                 layout.block_bytes,
                 layout.rank_block_bytes(tp),
-                gib(src_bytes),
-                gib(dst_bytes),
+                gib(sizes.src_bytes),
+                gib(sizes.dst_bytes),
             );
             print_header("same-host");
         }
         for (pi, &path) in opts.paths.iter().enumerate() {
-            let decode = decode_worker(layout, d_blocks, path);
-            assert_eq!(decode.kv.len() as u64, dst_bytes, "decode buffer size");
-            let mut child = PrefillProc::spawn(layout, p_blocks, path);
-            let addr = child.expect("ADDR");
-            let child_bytes: u64 = addr.get(1).and_then(|b| b.parse().ok()).unwrap_or(0);
-            if child_bytes != src_bytes {
-                fail(format!(
-                    "prefill buffer is {child_bytes} bytes, {src_bytes} expected"
-                ));
-            }
-            let addrs: Vec<&str> = addr.get(2).map_or(vec![], |a| a.split(',').collect());
-            assert_eq!(addrs.len(), tp, "one side channel per prefill rank");
-            let bootstrap = BootstrapServer::start(
-                "127.0.0.1:0".parse().expect("literal address"),
-                Some(ExpectedTopology {
-                    dp_size: 1,
-                    tp_size: tp as u32,
-                    pp_size: 1,
-                }),
-            )
-            .await
-            .unwrap_or_else(|e| fail(format!("bootstrap server: {e}")));
-            let client = BootstrapClient::new(Duration::from_secs(5), RetryPolicy::default());
-            for (rank, a) in addrs.iter().enumerate() {
-                client
-                    .register(
-                        &bootstrap.url(),
-                        &RegisterRequest {
-                            engine_id: "bench-prefill".into(),
-                            dp_rank: 0,
-                            tp_rank: rank as u32,
-                            pp_rank: 0,
-                            addr: a.to_string(),
-                            tp_size: Some(tp as u32),
-                            ..Default::default()
-                        },
-                    )
-                    .await
-                    .unwrap_or_else(|e| fail(format!("bootstrap registration: {e}")));
-            }
-            let consumer = Consumer::new(decode.clone());
-            for &n in &opts.tokens {
-                let nb = layout.blocks_for(n) as u64;
-                let src: Vec<u64> = (0..nb).collect();
-                for &scattered in &opts.scattered {
-                    let pattern = if scattered { "scattered" } else { "contiguous" };
-                    let dst: Vec<u64> = if scattered {
-                        src.iter().map(|b| 2 * b + 1).collect()
-                    } else {
-                        src.clone()
-                    };
-                    let planned = plan_descriptors(layout, p_blocks, d_blocks, &src, &dst)
-                        .unwrap_or_else(|e| fail(format!("planning {}: {e}", layout.name)));
-                    let planned_descs: u64 = planned.iter().map(|r| r.len() as u64).sum();
-                    let planned_bytes: u64 = planned.iter().flatten().map(|d| d.len).sum();
-                    if let (Some(dir), 0) = (&opts.dump, pi) {
-                        write_dump(dir, layout, n, pattern, src_bytes, dst_bytes, &planned);
-                    }
-                    let samples = sample_indices(src.len(), opts.verify_all);
-                    sampled_blocks(layout, &mut &*decode, &src, &dst, &samples, false)
-                        .unwrap_or_else(|e| fail(e));
-                    let ids = src.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-                    let mut times = Vec::with_capacity(opts.runs);
-                    let (mut descs, mut bytes, mut tcp, mut same_host) = (0, 0, 0, 0);
-                    for _ in 0..opts.runs {
-                        seq += 1;
-                        let tid = format!("xfer-{seq}");
-                        child.send(&format!("READY {tid} p-{seq} {ids}"));
-                        child.expect("ARMED");
-                        let t0 = Instant::now();
-                        let out = consumer
-                            .pull(
-                                &bootstrap.url(),
-                                "bench-prefill",
-                                vec![PullRequest {
-                                    d_req_id: format!("d-{seq}"),
-                                    transfer_id: tid.clone(),
-                                    blocks: vec![dst.clone()],
-                                }],
-                            )
-                            .await;
-                        times.push(t0.elapsed());
-                        if !out.failed.is_empty() {
-                            fail(format!(
-                                "{} {n} {pattern} {}: pull failed: {:?}",
-                                layout.name,
-                                path.as_str(),
-                                out.failed
-                            ));
-                        }
-                        let sent = child.expect("SENT");
-                        let num = |i: usize| -> u64 {
-                            sent.get(i)
-                                .and_then(|v| v.parse().ok())
-                                .unwrap_or_else(|| fail(format!("bad SENT line {sent:?}")))
-                        };
-                        if sent.get(1) != Some(&tid) {
-                            fail(format!("SENT for {:?}, {tid} expected", sent.get(1)));
-                        }
-                        (descs, bytes) = (num(2), num(3));
-                        tcp += num(4);
-                        same_host += num(5);
-                        if descs != planned_descs || bytes != planned_bytes {
-                            fail(format!(
-                                "{} {n} {pattern}: the producer sent {descs} descriptors / {bytes} bytes, \
-                                 the plan (and dump) has {planned_descs} / {planned_bytes}",
-                                layout.name
-                            ));
-                        }
-                    }
-                    match path {
-                        BenchPath::SameHost if same_host == 0 => fail(format!(
-                            "{} {n} {pattern}: the same-host path was requested but not used \
-                             ({tcp} TCP requests, 0 same-host requests)",
-                            layout.name
-                        )),
-                        BenchPath::Tcp if same_host != 0 || tcp == 0 => fail(format!(
-                            "{} {n} {pattern}: TCP was requested but {same_host} same-host and {tcp} TCP requests were made",
-                            layout.name
-                        )),
-                        _ => {}
-                    }
-                    sampled_blocks(layout, &mut &*decode, &src, &dst, &samples, true)
-                        .unwrap_or_else(|e| {
-                            fail(format!(
-                                "{} {n} {pattern} {}: wrong KV bytes: {e}",
-                                layout.name,
-                                path.as_str()
-                            ))
-                        });
-                    // Engine requests per pull, for the table.
-                    let (tcp, same_host) = (tcp / opts.runs as u64, same_host / opts.runs as u64);
-                    times.sort();
-                    let med = times[times.len() / 2];
-                    let ms = med.as_secs_f64() * 1e3;
-                    Row::new(layout.name, n, pattern, path.as_str(), descs, bytes, ms)
-                        .print(opts.json, tcp, same_host);
-                }
-            }
-            drop(consumer);
-            drop(child);
-            drop(bootstrap);
-            drop(decode);
+            run_path(&opts, layout, &sizes, path, pi == 0, &mut seq).await;
         }
     }
+}
+
+/// One layout over one path: a decode worker here, the prefill child, a
+/// bootstrap server with the child's ranks registered, then every case.
+/// The first path also writes the descriptor dumps.
+async fn run_path(
+    opts: &Opts,
+    layout: &BenchLayout,
+    sizes: &Sizes,
+    path: BenchPath,
+    first_path: bool,
+    seq: &mut u64,
+) {
+    let decode = decode_connector(layout, sizes.d_blocks, path).await;
+    let rank = &decode.ranks()[0];
+    assert_eq!(
+        rank.ctx.kv.len() as u64,
+        sizes.dst_bytes,
+        "decode buffer size"
+    );
+    let mut child = PrefillProc::spawn(layout, sizes.p_blocks, path);
+    let line = child.expect("BOOTSTRAP");
+    let child_bytes: u64 = line.get(1).and_then(|b| b.parse().ok()).unwrap_or(0);
+    if child_bytes != sizes.src_bytes {
+        fail(format!(
+            "prefill buffer is {child_bytes} bytes, {} expected",
+            sizes.src_bytes
+        ));
+    }
+    let Some(bootstrap_url) = line.get(2).cloned() else {
+        fail("prefill child: BOOTSTRAP without a URL")
+    };
+    let pass = Pass {
+        opts,
+        layout,
+        sizes,
+        path,
+        first_path,
+        decode: &rank.ctx,
+        consumer: rank.consumer.as_ref().expect("the consumer role"),
+        bootstrap_url,
+    };
+    for &n in &opts.tokens {
+        for &scattered in &opts.scattered {
+            run_case(&pass, &mut child, seq, n, scattered).await;
+        }
+    }
+    drop(child);
+    decode.shutdown().await;
+}
+
+/// What the cases of one layout over one path share.
+struct Pass<'a> {
+    opts: &'a Opts,
+    layout: &'a BenchLayout,
+    sizes: &'a Sizes,
+    path: BenchPath,
+    first_path: bool,
+    decode: &'a WorkerContext,
+    consumer: &'a Consumer,
+    bootstrap_url: String,
+}
+
+/// What `--runs` pulls of one case added up to.
+#[derive(Default)]
+struct Totals {
+    times: Vec<Duration>,
+    /// Descriptors and bytes of one pull (the same for every run).
+    descs: u64,
+    bytes: u64,
+    /// Engine requests over all runs.
+    tcp: u64,
+    same_host: u64,
+}
+
+/// One case (prompt size and pattern): plans (and dumps) its descriptors,
+/// pulls it `--runs` times, checks the path taken and the bytes, prints
+/// its row.
+async fn run_case(
+    pass: &Pass<'_>,
+    child: &mut PrefillProc,
+    seq: &mut u64,
+    n: usize,
+    scattered: bool,
+) {
+    let (opts, layout, sizes) = (pass.opts, pass.layout, pass.sizes);
+    let pattern = pattern_name(scattered);
+    let (src, dst) = case_blocks(layout, n, scattered);
+    let planned = plan_descriptors(layout, sizes.p_blocks, sizes.d_blocks, &src, &dst)
+        .unwrap_or_else(|e| fail(format!("planning {}: {e}", layout.name)));
+    let planned_descs: u64 = planned.iter().map(|r| r.len() as u64).sum();
+    let planned_bytes: u64 = planned.iter().flatten().map(|d| d.len).sum();
+    if let (Some(dir), true) = (&opts.dump, pass.first_path) {
+        write_dump(
+            dir,
+            layout,
+            n,
+            pattern,
+            sizes.src_bytes,
+            sizes.dst_bytes,
+            &planned,
+        );
+    }
+    let samples = sample_indices(src.len(), opts.verify_all);
+    sampled_blocks(layout, &mut &*pass.decode, &src, &dst, &samples, false)
+        .unwrap_or_else(|e| fail(e));
+    let ids = src.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let label = format!("{} {n} {pattern}", layout.name);
+    let mut t = Totals::default();
+    for _ in 0..opts.runs {
+        *seq += 1;
+        pull_once(pass, child, *seq, &ids, &dst, &label, &mut t).await;
+        if t.descs != planned_descs || t.bytes != planned_bytes {
+            fail(format!(
+                "{} {n} {pattern}: the producer sent {} descriptors / {} bytes, \
+                 the plan (and dump) has {planned_descs} / {planned_bytes}",
+                layout.name, t.descs, t.bytes
+            ));
+        }
+    }
+    let (tcp, same_host) = (t.tcp, t.same_host);
+    match pass.path {
+        BenchPath::SameHost if same_host == 0 => fail(format!(
+            "{} {n} {pattern}: the same-host path was requested but not used \
+             ({tcp} TCP requests, 0 same-host requests)",
+            layout.name
+        )),
+        BenchPath::Tcp if same_host != 0 || tcp == 0 => fail(format!(
+            "{} {n} {pattern}: TCP was requested but {same_host} same-host and {tcp} TCP requests were made",
+            layout.name
+        )),
+        _ => {}
+    }
+    let path = pass.path.as_str();
+    sampled_blocks(layout, &mut &*pass.decode, &src, &dst, &samples, true).unwrap_or_else(|e| {
+        fail(format!(
+            "{} {n} {pattern} {path}: wrong KV bytes: {e}",
+            layout.name
+        ))
+    });
+    // Engine requests per pull, for the table.
+    let (tcp, same_host) = (tcp / opts.runs as u64, same_host / opts.runs as u64);
+    t.times.sort();
+    let ms = t.times[t.times.len() / 2].as_secs_f64() * 1e3;
+    Row::new(layout.name, n, pattern, path, t.descs, t.bytes, ms).print(opts.json, tcp, same_host);
+}
+
+/// One pull of prefill blocks `ids` (comma-separated) into decode blocks
+/// `dst`: arms the request in the child, times the pull, and adds the
+/// child's report to `t`. `label` names the case in errors.
+async fn pull_once(
+    pass: &Pass<'_>,
+    child: &mut PrefillProc,
+    seq: u64,
+    ids: &str,
+    dst: &[u64],
+    label: &str,
+    t: &mut Totals,
+) {
+    let tid = format!("xfer-{seq}");
+    child.send(&format!("READY {tid} p-{seq} {ids}"));
+    child.expect("ARMED");
+    let t0 = Instant::now();
+    let out = pass
+        .consumer
+        .pull(
+            &pass.bootstrap_url,
+            "bench-prefill",
+            vec![PullRequest {
+                d_req_id: format!("d-{seq}"),
+                transfer_id: tid.clone(),
+                blocks: vec![dst.to_vec()],
+            }],
+        )
+        .await;
+    t.times.push(t0.elapsed());
+    if !out.failed.is_empty() {
+        fail(format!(
+            "{label} {}: pull failed: {:?}",
+            pass.path.as_str(),
+            out.failed
+        ));
+    }
+    let sent = child.expect("SENT");
+    let num = |i: usize| -> u64 {
+        sent.get(i)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| fail(format!("bad SENT line {sent:?}")))
+    };
+    if sent.get(1) != Some(&tid) {
+        fail(format!("SENT for {:?}, {tid} expected", sent.get(1)));
+    }
+    (t.descs, t.bytes) = (num(2), num(3));
+    t.tcp += num(4);
+    t.same_host += num(5);
 }

@@ -68,6 +68,21 @@ fn rdma_over_softverbs() {
     std::env::remove_var("MC_FORCE_TCP");
     std::env::remove_var("MC_FORCE_HCA");
 
+    library_load_failures_and_protocol_choice(&lib);
+
+    let target = rdma_engine(&["sv3"]);
+    let init = rdma_engine(&["sv0", "sv1"]);
+    assert!(init.has_rdma());
+    typed_topology_lists_the_allowed_nics(&init);
+    mixed_roce_and_ib_host();
+    roce_reads_go_out_on_the_preferred_nic(&init, &target);
+    ib_write_is_counted_on_the_ib_nic();
+}
+
+/// A verbs library that cannot be loaded, then `lib` (softverbs): what
+/// `Protocol::Rdma` and `Protocol::Auto` do, with MC_FORCE_HCA and
+/// MC_FORCE_TCP. Leaves MC_VERBS_LIBRARY at `lib`.
+fn library_load_failures_and_protocol_choice(lib: &std::path::Path) {
     // A library that cannot be loaded: a clear error, no panic.
     std::env::set_var("MC_VERBS_LIBRARY", "/nonexistent/libibverbs.so.1");
     let err = match Engine::builder()
@@ -98,7 +113,7 @@ fn rdma_over_softverbs() {
     std::env::set_var("MC_FORCE_HCA", "1");
     assert!(Engine::builder().protocol(Protocol::Auto).build().is_err());
     std::env::remove_var("MC_FORCE_HCA");
-    std::env::set_var("MC_VERBS_LIBRARY", &lib);
+    std::env::set_var("MC_VERBS_LIBRARY", lib);
     // MC_FORCE_TCP: Auto does not even try RDMA.
     std::env::set_var("MC_FORCE_TCP", "1");
     let forced = Engine::builder().protocol(Protocol::Auto).build().unwrap();
@@ -113,11 +128,10 @@ fn rdma_over_softverbs() {
     assert!(auto.has_rdma() && auto.rdma_unavailable_reason().is_none());
     assert_eq!(auto.rdma_topology().unwrap().devices.len(), 5);
     drop(auto);
+}
 
-    let target = rdma_engine(&["sv3"]);
-    let init = rdma_engine(&["sv0", "sv1"]);
-    assert!(init.has_rdma());
-
+/// The typed topology of `init` (allowed: sv0, sv1).
+fn typed_topology_lists_the_allowed_nics(init: &Engine) {
     // The typed topology: the allowed NICs only, with their real attributes.
     let topo = init.rdma_topology().unwrap();
     let raw = init.rdma_topology_json().unwrap();
@@ -148,7 +162,9 @@ fn rdma_over_softverbs() {
     let mut any: Vec<String> = topo.nics_for("cuda:7").all().map(String::from).collect();
     any.sort();
     assert_eq!(any, ["sv0", "sv1"]);
+}
 
+fn mixed_roce_and_ib_host() {
     // A mixed host: one RoCE and one IB port.
     let mixed = rdma_engine(&["sv0", "sv2"]);
     let mt = mixed.rdma_topology().unwrap();
@@ -160,7 +176,11 @@ fn rdma_over_softverbs() {
     assert_eq!(mc.nic("sv2").unwrap().link_layer, LinkLayer::Ib);
     assert_eq!(mc.total_work_requests(), 0);
     drop(mixed);
+}
 
+/// READs from `target` (sv3) into `init` (sv0, sv1) from memory on either
+/// NUMA node.
+fn roce_reads_go_out_on_the_preferred_nic(init: &Engine, target: &Engine) {
     // A 4 MiB READ over RoCE into memory on NUMA node 0: every slice goes
     // out on sv0, the NIC the priority matrix prefers for cpu:0 (sv1 sits on
     // node 1), and every byte is counted.
@@ -168,7 +188,7 @@ fn rdma_over_softverbs() {
     let published = target
         .register(patterned(size, 5), "cpu:0", Access::RemoteAccessible)
         .unwrap();
-    let moved = transfer(&init, &target, size, false, "cpu:0");
+    let moved = transfer(init, target, size, false, "cpu:0");
     assert_eq!(moved.total_bytes(), size as u64, "{moved:?}");
     assert_eq!(moved.total_errors(), 0);
     let sv0 = moved.nic("sv0").unwrap();
@@ -180,16 +200,18 @@ fn rdma_over_softverbs() {
     assert_eq!(sv0.link_layer, LinkLayer::Roce);
     assert_eq!(moved.nic("sv1").unwrap().bytes, 0, "{moved:?}");
     // The same from memory on node 1: sv1 alone.
-    let moved1 = transfer(&init, &target, size, false, "cpu:1");
+    let moved1 = transfer(init, target, size, false, "cpu:1");
     assert_eq!(moved1.nic("sv1").unwrap().bytes, size as u64, "{moved1:?}");
     assert_eq!(moved1.nic("sv0").unwrap().bytes, 0, "{moved1:?}");
     assert_eq!(moved.nic("sv0").unwrap().numa_node, Some(0));
     assert_eq!(init.counters().unwrap().tcp_requests_sent, 0);
     // Counters only grow: a second, odd-sized READ adds exactly its size.
-    let again = transfer(&init, &target, (1 << 20) + 123, false, "cpu:0");
+    let again = transfer(init, target, (1 << 20) + 123, false, "cpu:0");
     assert_eq!(again.total_bytes(), (1 << 20) + 123);
     drop(published);
+}
 
+fn ib_write_is_counted_on_the_ib_nic() {
     // An IB pair: a WRITE of an odd size, counted on the IB NIC.
     let ib_target = rdma_engine(&["sv4"]);
     let ib_init = rdma_engine(&["sv2"]);

@@ -188,6 +188,17 @@ impl Consumer {
             return fail_all(e.detail);
         }
         let targets = target_ranks(layout.tp_size, remote.tp_size, layout.tp_rank);
+        let payload = Bytes::from(encode(&self.pull_metadata(&reqs)));
+        let started = Instant::now();
+        let per_rank = self.pull_from_ranks(&remote, &targets, payload, &ids).await;
+        let out = merge_rank_results(&ids, &per_rank);
+        self.record_outcome(&reqs, &out, engine_id, started);
+        out
+    }
+
+    /// The pull message for `reqs`: where to write (this worker's layout)
+    /// and which blocks each request wants.
+    fn pull_metadata(&self, reqs: &[PullRequest]) -> XferMetadata {
         let mut meta = XferMetadata {
             remote_hostname: self.ctx.env.host_ip.clone(),
             remote_port: self.ctx.engine.rpc_port() as u64,
@@ -210,17 +221,26 @@ impl Consumer {
             registered_group_indices: vec![],
             remote_pp_size: 1,
         };
-        layout.fill_metadata(&mut meta);
-        let payload = Bytes::from(encode(&meta));
-        let started = Instant::now();
-        let per_rank = futures::future::join_all(targets.iter().map(|&p_rank| {
+        self.ctx.layout.fill_metadata(&mut meta);
+        meta
+    }
+
+    /// Sends `payload` to every prefill rank in `targets` at once; the
+    /// per-request results of each, in the order of `targets`.
+    async fn pull_from_ranks(
+        &self,
+        remote: &RemoteEngine,
+        targets: &[usize],
+        payload: Bytes,
+        ids: &[String],
+    ) -> Vec<Results> {
+        futures::future::join_all(targets.iter().map(|&p_rank| {
             let addr = remote
                 .workers
                 .get(&p_rank)
                 .and_then(|pps| pps.get(&0))
                 .cloned();
             let payload = payload.clone();
-            let ids = ids.clone();
             async move {
                 match addr {
                     None => ids
@@ -232,31 +252,21 @@ impl Consumer {
                             )
                         })
                         .collect(),
-                    Some(addr) => self.pull_from(p_rank, &addr, payload, &ids).await,
+                    Some(addr) => self.pull_from(p_rank, &addr, payload, ids).await,
                 }
             }
         }))
-        .await;
-        // A request is done when every targeted prefill rank reported it ok.
-        let mut out = PullOutcome::default();
-        for id in &ids {
-            let mut why = None;
-            for results in &per_rank {
-                match results.get(id) {
-                    Some(Ok(())) => {}
-                    Some(Err(e)) => {
-                        why.get_or_insert_with(|| e.clone());
-                    }
-                    None => {
-                        why.get_or_insert_with(|| "no result from the prefill side".to_string());
-                    }
-                }
-            }
-            match why {
-                None => out.ok.push(id.clone()),
-                Some(w) => out.failed.push((id.clone(), w)),
-            }
-        }
+        .await
+    }
+
+    /// Counts and logs the outcome of one pull.
+    fn record_outcome(
+        &self,
+        reqs: &[PullRequest],
+        out: &PullOutcome,
+        engine_id: &str,
+        started: Instant,
+    ) {
         let bytes: u64 = reqs
             .iter()
             .filter(|r| out.ok.contains(&r.d_req_id))
@@ -273,7 +283,6 @@ impl Consumer {
             tracing::info!(target: "mooncake_connector::consumer", engine = engine_id, requests = out.ok.len(), bytes,
                 ms = started.elapsed().as_secs_f64() * 1e3, "KV received");
         }
-        out
     }
 
     fn kv_bytes_per_block(&self) -> u64 {
@@ -292,32 +301,36 @@ impl Consumer {
         addr: &str,
         payload: Bytes,
         ids: &[String],
-    ) -> HashMap<String, Result<(), String>> {
-        let mut results: HashMap<String, Result<(), String>> = HashMap::new();
-        let fail_rest = |results: &mut HashMap<String, Result<(), String>>, why: String| {
-            for id in ids {
-                results
-                    .entry(id.clone())
-                    .or_insert_with(|| Err(why.clone()));
+    ) -> Results {
+        let mut results = Results::new();
+        match self.open_side_channel(p_rank, addr, payload).await {
+            Ok((mut relay, mut sock)) => {
+                self.receive_replies(&mut sock, &mut relay, p_rank, addr, ids, &mut results)
+                    .await;
             }
-        };
-        let timeout = self.ctx.env.receive_timeout();
+            Err(why) => fail_rest(&mut results, ids, why),
+        }
+        results
+    }
+
+    /// Connects a DEALER to the prefill rank at `addr` and sends it the pull
+    /// message; the relay task and the socket, or why that failed.
+    async fn open_side_channel(
+        &self,
+        p_rank: usize,
+        addr: &str,
+        payload: Bytes,
+    ) -> Result<(AbortOnDrop, zeromq::DealerSocket), String> {
         // The DEALER talks to the prefiller through a bounded relay, so a
         // hostile prefiller cannot make it allocate an announced frame size.
         let limits = Limits {
             max_message: self.ctx.env.side_channel_max_message,
-            idle: timeout,
+            idle: self.ctx.env.receive_timeout(),
         };
-        let (local, relay) =
-            match zmtp_guard::outgoing(addr, self.ctx.env.connector_timeout, limits).await {
-                Ok(r) => r,
-                Err(e) => {
-                    fail_rest(&mut results, format!("P tp_rank {p_rank}: {e}"));
-                    return results;
-                }
-            };
+        let (local, relay) = zmtp_guard::outgoing(addr, self.ctx.env.connector_timeout, limits)
+            .await
+            .map_err(|e| format!("P tp_rank {p_rank}: {e}"))?;
         let mut relay = AbortOnDrop(relay);
-        let mut relay_ended: Option<String> = None;
         let mut sock = zeromq::DealerSocket::new();
         match tokio::time::timeout(self.ctx.env.connector_timeout, sock.connect(&local)).await {
             Ok(Ok(())) => {}
@@ -328,27 +341,37 @@ impl Consumer {
                     Ok(Ok(why)) => format!("{e}; {why}"),
                     _ => e.to_string(),
                 };
-                fail_rest(
-                    &mut results,
-                    format!("cannot connect to P tp_rank {p_rank} at {addr}: {why}"),
-                );
-                return results;
+                return Err(format!(
+                    "cannot connect to P tp_rank {p_rank} at {addr}: {why}"
+                ));
             }
             Err(_) => {
-                fail_rest(
-                    &mut results,
-                    format!("connecting to P tp_rank {p_rank} at {addr} timed out"),
-                );
-                return results;
+                return Err(format!(
+                    "connecting to P tp_rank {p_rank} at {addr} timed out"
+                ));
             }
         }
         if let Err(e) = sock.send(ZmqMessage::from(payload)).await {
-            fail_rest(
-                &mut results,
-                format!("sending the pull to P tp_rank {p_rank} at {addr}: {e}"),
-            );
-            return results;
+            return Err(format!(
+                "sending the pull to P tp_rank {p_rank} at {addr}: {e}"
+            ));
         }
+        Ok((relay, sock))
+    }
+
+    /// Reads replies from the prefill rank until every request in `ids` has
+    /// a result, filling `results`.
+    async fn receive_replies(
+        &self,
+        sock: &mut zeromq::DealerSocket,
+        relay: &mut AbortOnDrop,
+        p_rank: usize,
+        addr: &str,
+        ids: &[String],
+        results: &mut Results,
+    ) {
+        let timeout = self.ctx.env.receive_timeout();
+        let mut relay_ended: Option<String> = None;
         loop {
             // A relay that ended (the prefiller closed, or was dropped for
             // breaking the limits) fails the pull now, after a short grace
@@ -368,67 +391,118 @@ impl Consumer {
                 }
             };
             let Some(got) = got else { continue };
-            if let (Err(_), Some(why)) = (&got, &relay_ended) {
-                fail_rest(
-                    &mut results,
-                    format!("side channel to P tp_rank {p_rank} at {addr} ended: {why}"),
-                );
-                break;
-            }
-            let msg = match got {
-                Ok(Ok(m)) => m,
-                Ok(Err(e)) => {
-                    fail_rest(
-                        &mut results,
-                        format!("side channel to P tp_rank {p_rank} at {addr} failed: {e}"),
-                    );
-                    break;
-                }
-                Err(_) => {
-                    fail_rest(
-                        &mut results,
-                        format!("no reply from P tp_rank {p_rank} at {addr} within {timeout:?}"),
-                    );
+            let msg = match received_reply(got, relay_ended.as_deref(), p_rank, addr, timeout) {
+                Ok(m) => m,
+                Err(why) => {
+                    fail_rest(results, ids, why);
                     break;
                 }
             };
             let frames = msg.into_vec();
             let Some(last) = frames.last() else { continue };
-            let resp: XferResponse = match decode("MooncakeXferResponse", last) {
-                Ok(r) => r,
-                Err(e) => {
-                    fail_rest(&mut results, e.detail);
-                    break;
-                }
-            };
-            let msg = resp
-                .err_msg
-                .clone()
-                .unwrap_or_else(|| "failed on the prefill side".into());
-            if resp.status == XferStatus::Error {
-                fail_rest(&mut results, format!("P tp_rank {p_rank}: {msg}"));
-                break;
-            }
-            // Only the requests we asked for count: a peer cannot grow the
-            // result map with made-up ids.
-            for id in resp.ok_reqs.unwrap_or_default() {
-                if ids.contains(&id) {
-                    results.insert(id, Ok(()));
-                }
-            }
-            for id in resp.err_reqs.unwrap_or_default() {
-                if ids.contains(&id) {
-                    results.insert(id, Err(format!("P tp_rank {p_rank}: {msg}")));
-                }
-            }
-            if resp.status == XferStatus::Finish {
-                fail_rest(
-                    &mut results,
-                    format!("P tp_rank {p_rank} finished without reporting the request"),
-                );
+            if let Some(why) = apply_reply(last, p_rank, ids, results) {
+                fail_rest(results, ids, why);
                 break;
             }
         }
-        results
     }
+}
+
+/// The per-request results of one prefill rank.
+type Results = HashMap<String, Result<(), String>>;
+
+/// Fails, with `why`, every request in `ids` that has no result yet.
+fn fail_rest(results: &mut Results, ids: &[String], why: String) {
+    for id in ids {
+        results
+            .entry(id.clone())
+            .or_insert_with(|| Err(why.clone()));
+    }
+}
+
+/// A request is done when every targeted prefill rank reported it ok.
+fn merge_rank_results(ids: &[String], per_rank: &[Results]) -> PullOutcome {
+    let mut out = PullOutcome::default();
+    for id in ids {
+        let mut why = None;
+        for results in per_rank {
+            match results.get(id) {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    why.get_or_insert_with(|| e.clone());
+                }
+                None => {
+                    why.get_or_insert_with(|| "no result from the prefill side".to_string());
+                }
+            }
+        }
+        match why {
+            None => out.ok.push(id.clone()),
+            Some(w) => out.failed.push((id.clone(), w)),
+        }
+    }
+    out
+}
+
+/// The message a receive with timeout produced, or why the side channel is
+/// over (`relay_ended` is why the relay stopped, if it did).
+fn received_reply(
+    got: Result<Result<ZmqMessage, zeromq::ZmqError>, tokio::time::error::Elapsed>,
+    relay_ended: Option<&str>,
+    p_rank: usize,
+    addr: &str,
+    timeout: Duration,
+) -> Result<ZmqMessage, String> {
+    match (got, relay_ended) {
+        (Err(_), Some(why)) => Err(format!(
+            "side channel to P tp_rank {p_rank} at {addr} ended: {why}"
+        )),
+        (Ok(Ok(m)), _) => Ok(m),
+        (Ok(Err(e)), _) => Err(format!(
+            "side channel to P tp_rank {p_rank} at {addr} failed: {e}"
+        )),
+        (Err(_), None) => Err(format!(
+            "no reply from P tp_rank {p_rank} at {addr} within {timeout:?}"
+        )),
+    }
+}
+
+/// Applies one reply (its last frame) to `results`; `Some(why)` when the
+/// prefill rank is done and the requests still without a result fail with
+/// `why`.
+fn apply_reply(
+    last: &[u8],
+    p_rank: usize,
+    ids: &[String],
+    results: &mut Results,
+) -> Option<String> {
+    let resp: XferResponse = match decode("MooncakeXferResponse", last) {
+        Ok(r) => r,
+        Err(e) => return Some(e.detail),
+    };
+    let msg = resp
+        .err_msg
+        .clone()
+        .unwrap_or_else(|| "failed on the prefill side".into());
+    if resp.status == XferStatus::Error {
+        return Some(format!("P tp_rank {p_rank}: {msg}"));
+    }
+    // Only the requests we asked for count: a peer cannot grow the result
+    // map with made-up ids.
+    for id in resp.ok_reqs.unwrap_or_default() {
+        if ids.contains(&id) {
+            results.insert(id, Ok(()));
+        }
+    }
+    for id in resp.err_reqs.unwrap_or_default() {
+        if ids.contains(&id) {
+            results.insert(id, Err(format!("P tp_rank {p_rank}: {msg}")));
+        }
+    }
+    if resp.status == XferStatus::Finish {
+        return Some(format!(
+            "P tp_rank {p_rank} finished without reporting the request"
+        ));
+    }
+    None
 }

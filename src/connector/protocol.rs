@@ -100,10 +100,16 @@ fn check_id(field: &str, v: &str) -> Result<(), ConnectorError> {
 impl XferMetadata {
     /// Checks every field against sane limits and against each other before
     /// anything is allocated or computed from them; the error names the
-    /// field.
-    // Long on purpose: one flat check per wire field, in field order, so
-    // the list reads against the message definition.
+    /// field. The checks run in wire field order (the peer, its regions,
+    /// the requests), so they read against the message definition.
     pub fn validate(&self, b: &PullBounds) -> Result<(), ConnectorError> {
+        self.validate_peer()?;
+        let n = self.validate_regions()?;
+        self.validate_requests(b, n)
+    }
+
+    /// The decoder's address and parallel layout.
+    fn validate_peer(&self) -> Result<(), ConnectorError> {
         let h = &self.remote_hostname;
         if h.is_empty()
             || h.len() > 253
@@ -143,6 +149,11 @@ impl XferMetadata {
                 format!("{} is not in 1..={MAX_PP_SIZE}", self.remote_pp_size),
             ));
         }
+        Ok(())
+    }
+
+    /// The decoder's KV regions; their number.
+    fn validate_regions(&self) -> Result<usize, ConnectorError> {
         let n = self.kv_caches_base_addr.len();
         if n == 0 || n > MAX_REGIONS {
             return Err(invalid(
@@ -198,6 +209,12 @@ impl XferMetadata {
                 ));
             }
         }
+        Ok(n)
+    }
+
+    /// The requests and their destination blocks, against this worker's
+    /// bounds `b` and the `n` regions' address space.
+    fn validate_requests(&self, b: &PullBounds, n: usize) -> Result<(), ConnectorError> {
         if self.req_blocks.len() > MAX_REQS_PER_PULL {
             return Err(invalid(
                 "req_blocks",

@@ -108,50 +108,17 @@ impl FrameChecker {
         hdr_at: &mut usize,
     ) -> Result<(), (bool, String)> {
         while !buf.is_empty() {
+            let b = buf[0];
             match self.state {
                 State::Greeting(pos) => {
-                    let b = buf[0];
-                    let ok = match pos {
-                        0 => b == 0xff,
-                        9 => b & 1 == 1,
-                        10 => b >= 3,
-                        12..=15 => b == b"NULL"[pos - 12],
-                        16..=31 => b == 0,
-                        _ => true,
-                    };
-                    if !ok {
-                        return Err((
-                            true,
-                            format!(
-                                "not a ZMTP 3 greeting with the NULL mechanism (byte {pos} is {b:#04x})"
-                            ),
-                        ));
-                    }
+                    // A bad greeting byte is not passed on.
+                    self.greeting_byte(pos, b).map_err(|why| (true, why))?;
                     *buf = &buf[1..];
-                    self.state = if pos + 1 == 64 {
-                        State::Flags
-                    } else {
-                        State::Greeting(pos + 1)
-                    };
                 }
                 State::Flags => {
                     *hdr_at = total - buf.len();
-                    let f = buf[0];
                     *buf = &buf[1..];
-                    if f & !0x07 != 0 {
-                        return Err((false, format!("frame flags {f:#04x} use reserved bits")));
-                    }
-                    let (more, long, command) = (f & 1 != 0, f & 2 != 0, f & 4 != 0);
-                    if command && more {
-                        return Err((false, "a command frame with the MORE flag".into()));
-                    }
-                    self.state = State::Size {
-                        long,
-                        command,
-                        more,
-                        got: 0,
-                        value: 0,
-                    };
+                    self.flags_byte(b).map_err(|why| (false, why))?;
                 }
                 State::Size {
                     long,
@@ -160,8 +127,8 @@ impl FrameChecker {
                     got,
                     value,
                 } => {
-                    let value = (value << 8) | u64::from(buf[0]);
                     *buf = &buf[1..];
+                    let value = (value << 8) | u64::from(b);
                     let need = if long { 8 } else { 1 };
                     if got + 1 < need {
                         self.state = State::Size {
@@ -171,10 +138,10 @@ impl FrameChecker {
                             got: got + 1,
                             value,
                         };
-                        continue;
+                    } else {
+                        self.start_body(value, command, more)
+                            .map_err(|why| (false, why))?;
                     }
-                    self.start_body(value, command, more)
-                        .map_err(|why| (false, why))?;
                 }
                 State::Body(left) => {
                     let n = (buf.len() as u64).min(left);
@@ -186,6 +153,49 @@ impl FrameChecker {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Checks byte `pos` of the 64-byte greeting: ZMTP 3 or later with the
+    /// NULL mechanism.
+    fn greeting_byte(&mut self, pos: usize, b: u8) -> Result<(), String> {
+        let ok = match pos {
+            0 => b == 0xff,
+            9 => b & 1 == 1,
+            10 => b >= 3,
+            12..=15 => b == b"NULL"[pos - 12],
+            16..=31 => b == 0,
+            _ => true,
+        };
+        if !ok {
+            return Err(format!(
+                "not a ZMTP 3 greeting with the NULL mechanism (byte {pos} is {b:#04x})"
+            ));
+        }
+        self.state = if pos + 1 == 64 {
+            State::Flags
+        } else {
+            State::Greeting(pos + 1)
+        };
+        Ok(())
+    }
+
+    /// Checks the flags byte that opens a frame header.
+    fn flags_byte(&mut self, f: u8) -> Result<(), String> {
+        if f & !0x07 != 0 {
+            return Err(format!("frame flags {f:#04x} use reserved bits"));
+        }
+        let (more, long, command) = (f & 1 != 0, f & 2 != 0, f & 4 != 0);
+        if command && more {
+            return Err("a command frame with the MORE flag".into());
+        }
+        self.state = State::Size {
+            long,
+            command,
+            more,
+            got: 0,
+            value: 0,
+        };
         Ok(())
     }
 

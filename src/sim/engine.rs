@@ -341,11 +341,7 @@ impl SimEngine {
             self.pool.free(&blocks);
             self.release_remote(blocks.len());
             self.aborted_prefills.fetch_add(1, Ordering::Relaxed);
-            return Err(GenerateError {
-                status: 499,
-                kind: "aborted",
-                message: "client disconnected".into(),
-            });
+            return Err(client_gone());
         }
         let p_req_id = format!("{}-{:08x}", req.request_id, rand_u32());
         self.held.lock().unwrap().insert(
@@ -384,81 +380,112 @@ impl SimEngine {
             }
             lookup_failure = Some(e.detail);
         }
-        let d_req_id = format!("{}-{:08x}", req.request_id, rand_u32());
-        // Scheduling: a sequence slot and blocks. A request whose client
-        // leaves before that tells the prefiller to release its blocks.
+        let remote = RemoteKv {
+            bootstrap: &bootstrap,
+            engine_id: &engine_id,
+            transfer_id: &transfer_id,
+            d_req_id: format!("{}-{:08x}", req.request_id, rand_u32()),
+        };
+        let (_permit, blocks) = self
+            .schedule_decode(&req, tokens.len(), &remote, &cancelled)
+            .await?;
+        let failure = match lookup_failure {
+            Some(why) => Some(why),
+            None => self.pull_kv(&req, &remote, &blocks, &cancelled).await?,
+        };
+        let out = self
+            .finish_decode(&req, tokens, &blocks, &transfer_id, failure)
+            .await;
+        self.pool.free(&blocks);
+        out
+    }
+
+    /// Scheduling: a sequence slot and blocks. A request whose client leaves
+    /// before that tells the prefiller to release its blocks.
+    async fn schedule_decode(
+        &self,
+        req: &GenerateRequest,
+        num_tokens: usize,
+        remote: &RemoteKv<'_>,
+        cancelled: &AtomicBool,
+    ) -> Result<(tokio::sync::SemaphorePermit<'_>, Vec<u64>), GenerateError> {
         let scheduled = async {
             let permit = self.sched.acquire().await.expect("semaphore open");
             let blocks = self
                 .pool
-                .allocate(self.cfg.spec.blocks_for(tokens.len()))
+                .allocate(self.cfg.spec.blocks_for(num_tokens))
                 .await
                 .expect("fits, checked");
             (permit, blocks)
         };
-        let cancel_wait = async {
-            while !cancelled.load(Ordering::SeqCst) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        let (_permit, blocks) = tokio::select! {
-            s = scheduled => s,
-            () = cancel_wait => {
-                tracing::info!(target: "mooncake_connector::sim", request = %req.request_id, transfer = %transfer_id,
+        tokio::select! {
+            s = scheduled => Ok(s),
+            () = wait_cancelled(cancelled) => {
+                tracing::info!(target: "mooncake_connector::sim", request = %req.request_id, transfer = %remote.transfer_id,
                     "aborted before scheduling; releasing the prefiller's blocks");
                 self.released_decodes.fetch_add(1, Ordering::Relaxed);
-                let release = PullRequest { d_req_id, transfer_id, blocks: vec![vec![]] };
-                self.pull_all(&bootstrap, &engine_id, release).await;
-                return Err(GenerateError { status: 499, kind: "aborted", message: "client disconnected".into() });
+                self.pull_all(remote.bootstrap, remote.engine_id, remote.release()).await;
+                Err(client_gone())
             }
-        };
+        }
+    }
+
+    /// Pulls the KV into `blocks`: None when it arrived, else why not. A
+    /// client that leaves mid-pull ends the request (and frees `blocks`).
+    async fn pull_kv(
+        &self,
+        req: &GenerateRequest,
+        remote: &RemoteKv<'_>,
+        blocks: &[u64],
+        cancelled: &AtomicBool,
+    ) -> Result<Option<String>, GenerateError> {
         let pull = PullRequest {
-            d_req_id,
-            transfer_id: transfer_id.clone(),
-            blocks: vec![blocks.clone()],
+            d_req_id: remote.d_req_id.clone(),
+            transfer_id: remote.transfer_id.to_string(),
+            blocks: vec![blocks.to_vec()],
         };
-        let failure = match lookup_failure {
-            Some(why) => Some(why),
-            None => {
-                // A client that leaves mid-pull: release the prefiller's
-                // blocks at once (an empty pull, vLLM's own release). Our
-                // prefiller then ends the waiting pull without writing; the
-                // blocks here are freed only once that pull has ended, so
-                // nothing can write into them afterwards (with a vLLM
-                // prefiller that is when it writes or times out).
-                let release = PullRequest {
-                    d_req_id: pull.d_req_id.clone(),
-                    transfer_id: transfer_id.clone(),
-                    blocks: vec![vec![]],
-                };
-                let pulling = self.pull_all(&bootstrap, &engine_id, pull);
-                tokio::pin!(pulling);
-                let gone = async {
-                    while !cancelled.load(Ordering::SeqCst) {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                };
-                tokio::select! {
-                    f = &mut pulling => f,
-                    () = gone => {
-                        tracing::info!(target: "mooncake_connector::sim", request = %req.request_id, transfer = %transfer_id,
-                            "client left during the KV pull; releasing the prefiller's blocks");
-                        self.released_decodes.fetch_add(1, Ordering::Relaxed);
-                        let _ = tokio::join!(self.pull_all(&bootstrap, &engine_id, release), &mut pulling);
-                        self.pool.free(&blocks);
-                        return Err(GenerateError { status: 499, kind: "aborted", message: "client disconnected".into() });
-                    }
-                }
+        // A client that leaves mid-pull: release the prefiller's blocks at
+        // once (an empty pull, vLLM's own release). Our prefiller then ends
+        // the waiting pull without writing; the blocks here are freed only
+        // once that pull has ended, so nothing can write into them
+        // afterwards (with a vLLM prefiller that is when it writes or times
+        // out).
+        let pulling = self.pull_all(remote.bootstrap, remote.engine_id, pull);
+        tokio::pin!(pulling);
+        tokio::select! {
+            f = &mut pulling => Ok(f),
+            () = wait_cancelled(cancelled) => {
+                tracing::info!(target: "mooncake_connector::sim", request = %req.request_id, transfer = %remote.transfer_id,
+                    "client left during the KV pull; releasing the prefiller's blocks");
+                self.released_decodes.fetch_add(1, Ordering::Relaxed);
+                let _ = tokio::join!(
+                    self.pull_all(remote.bootstrap, remote.engine_id, remote.release()),
+                    &mut pulling
+                );
+                self.pool.free(blocks);
+                Err(client_gone())
             }
-        };
+        }
+    }
+
+    /// The reply once the pull is over: from the received KV when it
+    /// arrived and checks out, else per the KV load failure policy.
+    async fn finish_decode(
+        self: &Arc<Self>,
+        req: &GenerateRequest,
+        tokens: Vec<u32>,
+        blocks: &[u64],
+        transfer_id: &str,
+        failure: Option<String>,
+    ) -> Result<GenerateOutput, GenerateError> {
         let result = match failure {
             None => self
-                .verify_kv(&tokens, &blocks)
+                .verify_kv(&tokens, blocks)
                 .map_err(|m| format!("received KV is wrong: {m}")),
             Some(why) => Err(why),
         };
-        let out = match result {
-            Ok(digest) => Ok(self.reply(&req, &tokens, digest, KvSource::Remote)),
+        match result {
+            Ok(digest) => Ok(self.reply(req, &tokens, digest, KvSource::Remote)),
             Err(why) => match self.cfg.kv.kv_load_failure_policy {
                 LoadFailurePolicy::Fail => {
                     tracing::warn!(target: "mooncake_connector::sim", request = %req.request_id, "KV load failed: {why}");
@@ -469,16 +496,14 @@ impl SimEngine {
                 LoadFailurePolicy::Recompute => {
                     tracing::warn!(target: "mooncake_connector::sim", request = %req.request_id,
                         "KV load failed ({why}); recomputing the prompt locally");
-                    let (t, b) = (Arc::new(tokens.clone()), Arc::new(blocks.clone()));
+                    let (t, b) = (Arc::new(tokens), Arc::new(blocks.to_vec()));
                     self.compute(t.clone(), b.clone()).await;
                     self.verify_kv(&t, &b)
-                        .map(|d| self.reply(&req, &t, d, KvSource::Recomputed))
+                        .map(|d| self.reply(req, &t, d, KvSource::Recomputed))
                         .map_err(GenerateError::kv)
                 }
             },
-        };
-        self.pool.free(&blocks);
-        out
+        }
     }
 
     /// Pulls on every rank; None when all succeeded, else the first reason.
@@ -505,4 +530,39 @@ pub fn role_default_config(role: KvRole) -> String {
         r#"{{"kv_connector":"MooncakeConnector","kv_role":"{}"}}"#,
         role.as_str()
     )
+}
+
+/// The error for a request whose client left.
+fn client_gone() -> GenerateError {
+    GenerateError {
+        status: 499,
+        kind: "aborted",
+        message: "client disconnected".into(),
+    }
+}
+
+/// Returns once `cancelled` is set (polled every 20 ms).
+async fn wait_cancelled(cancelled: &AtomicBool) {
+    while !cancelled.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Where a decode pulls its KV from, and under which ids.
+struct RemoteKv<'a> {
+    bootstrap: &'a str,
+    engine_id: &'a str,
+    transfer_id: &'a str,
+    d_req_id: String,
+}
+
+impl RemoteKv<'_> {
+    /// An empty pull: tells the prefiller to release its blocks.
+    fn release(&self) -> PullRequest {
+        PullRequest {
+            d_req_id: self.d_req_id.clone(),
+            transfer_id: self.transfer_id.to_string(),
+            blocks: vec![vec![]],
+        }
+    }
 }

@@ -272,9 +272,33 @@ async fn forward(
     };
     let decode_url =
         s.cfg.decode[s.next_decode.fetch_add(1, Ordering::Relaxed) % s.cfg.decode.len()].clone();
-    let auth = std::env::var("OPENAI_API_KEY").ok();
+    let leg = Leg {
+        path,
+        request_id: &request_id,
+        auth: std::env::var("OPENAI_API_KEY").ok(),
+    };
+    spawn_prefill_leg(&s, &slot, &leg, prefill_body(&body, &transfer_id));
 
-    // Prefill leg: fire and forget.
+    // Decode leg: streamed back.
+    let mut dbody = body;
+    dbody.as_object_mut().expect("object").insert(
+        "kv_transfer_params".into(),
+        json!({"do_remote_decode": false, "do_remote_prefill": true, "remote_bootstrap_addr": slot.bootstrap,
+               "remote_engine_id": slot.engine_id, "transfer_id": transfer_id}),
+    );
+    decode_leg(&s, &decode_url, &leg, &dbody).await
+}
+
+/// What both legs of one request share.
+struct Leg<'a> {
+    path: &'static str,
+    request_id: &'a str,
+    auth: Option<String>,
+}
+
+/// The prefill leg's body: `body` (a JSON object) asking for one
+/// non-streamed token and remote decode under `transfer_id`.
+fn prefill_body(body: &Value, transfer_id: &str) -> Value {
     let mut pbody = body.clone();
     let o = pbody.as_object_mut().expect("object");
     o.insert(
@@ -287,16 +311,21 @@ async fn forward(
         o.insert("max_completion_tokens".into(), json!(1));
     }
     o.remove("stream_options");
+    pbody
+}
+
+/// Prefill leg: fire and forget.
+fn spawn_prefill_leg(s: &ProxyState, slot: &PrefillSlot, leg: &Leg<'_>, pbody: Value) {
     let mut preq = s
         .http
-        .post(format!("{}{path}", slot.url))
+        .post(format!("{}{}", slot.url, leg.path))
         .json(&pbody)
-        .header("X-Request-Id", &request_id)
+        .header("X-Request-Id", leg.request_id)
         .header("X-data-parallel-rank", slot.dp_rank.to_string());
-    if let Some(k) = &auth {
+    if let Some(k) = &leg.auth {
         preq = preq.bearer_auth(k);
     }
-    let rid = request_id.clone();
+    let rid = leg.request_id.to_string();
     tokio::spawn(async move {
         match preq.send().await {
             Ok(r) => {
@@ -309,20 +338,16 @@ async fn forward(
             }
         }
     });
+}
 
-    // Decode leg: streamed back.
-    let mut dbody = body;
-    dbody.as_object_mut().expect("object").insert(
-        "kv_transfer_params".into(),
-        json!({"do_remote_decode": false, "do_remote_prefill": true, "remote_bootstrap_addr": slot.bootstrap,
-               "remote_engine_id": slot.engine_id, "transfer_id": transfer_id}),
-    );
+/// Decode leg: sends `dbody` to `decode_url` and streams its answer back.
+async fn decode_leg(s: &ProxyState, decode_url: &str, leg: &Leg<'_>, dbody: &Value) -> Response {
     let mut dreq = s
         .http
-        .post(format!("{decode_url}{path}"))
-        .json(&dbody)
-        .header("X-Request-Id", &request_id);
-    if let Some(k) = &auth {
+        .post(format!("{decode_url}{}", leg.path))
+        .json(dbody)
+        .header("X-Request-Id", leg.request_id);
+    if let Some(k) = &leg.auth {
         dreq = dreq.bearer_auth(k);
     }
     match dreq.send().await {

@@ -5,12 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooncake_connector::connector::bootstrap::{
-    BootstrapClient, BootstrapServer, ExpectedTopology, RegisterRequest, RetryPolicy,
-};
 use mooncake_connector::connector::{
-    ConnectorEnv, ConnectorStats, Consumer, KvTransferConfig, Producer, ProducerEvent, PullOutcome,
-    PullRequest, WorkerContext,
+    Connector, ConnectorEnv, ConnectorOptions, ConnectorStats, Consumer, KvTransferConfig,
+    Producer, ProducerEvent, PullOutcome, PullRequest, WorkerContext,
 };
 use mooncake_connector::sim::kv_check::{fill_kv, verify_kv};
 use mooncake_connector::sim::model::ModelSpec;
@@ -47,12 +44,14 @@ fn config(role: &str, engine_id: &str, extra: &str) -> KvTransferConfig {
     .unwrap()
 }
 
+/// A prefill engine as an inference engine runs one: [`Connector::start`]
+/// with the producer role (a worker and side channel per TP rank, the
+/// embedded bootstrap server on 127.0.0.1, every rank registered there).
 pub struct Prefill {
-    pub bootstrap: BootstrapServer,
+    pub connector: Connector,
     pub engine_id: String,
     pub spec: ModelSpec,
     pub tp: usize,
-    pub ranks: Vec<(Arc<WorkerContext>, Producer)>,
     pub events: mpsc::UnboundedReceiver<ProducerEvent>,
     pub stats: Arc<ConnectorStats>,
 }
@@ -65,75 +64,62 @@ impl Prefill {
     /// As [`start`](Self::start), with `extra` as `kv_connector_extra_config`.
     pub async fn start_with(tp: usize, spec: ModelSpec, env: ConnectorEnv, extra: &str) -> Self {
         let engine_id = format!("prefill-{}", uuid::Uuid::new_v4());
-        let bootstrap = BootstrapServer::start(
-            "127.0.0.1:0".parse().unwrap(),
-            Some(ExpectedTopology {
-                dp_size: 1,
-                tp_size: tp as u32,
-                pp_size: 1,
-            }),
-        )
-        .await
-        .unwrap();
-        let stats = Arc::new(ConnectorStats::default());
         let (tx, events) = mpsc::unbounded_channel();
-        let client = BootstrapClient::new(Duration::from_secs(5), RetryPolicy::default());
-        let mut ranks = Vec::new();
-        for rank in 0..tp {
-            let ctx = Arc::new(
-                WorkerContext::new(
-                    config("kv_producer", &engine_id, extra),
-                    env.clone(),
-                    spec.cache_spec(tp),
-                    tp,
-                    rank,
-                    0,
-                    stats.clone(),
-                )
-                .unwrap(),
-            );
-            let producer = Producer::start(ctx.clone(), tx.clone()).await.unwrap();
-            let req = RegisterRequest {
-                engine_id: engine_id.clone(),
-                dp_rank: 0,
-                tp_rank: rank as u32,
-                pp_rank: 0,
-                addr: producer.side_channel_addr().to_string(),
-                tp_size: Some(tp as u32),
-                ..Default::default()
-            };
-            client.register(&bootstrap.url(), &req).await.unwrap();
-            ranks.push((ctx, producer));
-        }
+        let opts = ConnectorOptions {
+            kv: config("kv_producer", &engine_id, extra),
+            env,
+            cache: spec.cache_spec(tp),
+            tp,
+            dp_rank: 0,
+        };
+        let connector = Connector::start(opts, tx).await.unwrap();
+        let stats = connector.stats().clone();
         Self {
-            bootstrap,
+            connector,
             engine_id,
             spec,
             tp,
-            ranks,
             events,
             stats,
         }
+    }
+
+    /// The bootstrap server every rank registered with.
+    pub fn bootstrap_url(&self) -> String {
+        self.connector
+            .bootstrap_url()
+            .expect("a producer registers")
+            .to_string()
+    }
+
+    /// Rank `rank`'s worker (engine, registered KV cache, layout).
+    pub fn ctx(&self, rank: usize) -> &Arc<WorkerContext> {
+        &self.connector.ranks()[rank].ctx
+    }
+
+    /// Rank `rank`'s side channel.
+    pub fn producer(&self, rank: usize) -> &Producer {
+        self.connector.ranks()[rank]
+            .producer
+            .as_ref()
+            .expect("the producer role")
     }
 
     /// Runs the "prefill" of `tokens` into `blocks` on every rank and marks
     /// the transfer ready.
     pub fn prefill(&self, transfer_id: &str, p_req_id: &str, tokens: &[u32], blocks: &[u64]) {
         self.fill(tokens, blocks);
-        for (_, p) in &self.ranks {
-            p.request_ready(transfer_id, p_req_id, vec![blocks.to_vec()]);
-        }
+        self.connector
+            .request_ready(transfer_id, p_req_id, vec![blocks.to_vec()]);
     }
 
     pub fn fill(&self, tokens: &[u32], blocks: &[u64]) {
-        let ranks = self.ranks.iter().map(|(ctx, _)| &**ctx);
+        let ranks = self.connector.ranks().iter().map(|r| &*r.ctx);
         fill_kv(&self.spec, ranks, tokens, blocks).unwrap();
     }
 
     pub fn abort(&self, transfer_id: &str) {
-        for (_, p) in &self.ranks {
-            p.request_aborted(transfer_id);
-        }
+        self.connector.request_aborted(transfer_id);
     }
 
     /// The next event within `within`, if any.

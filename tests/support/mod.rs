@@ -9,6 +9,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use libtest_mimic::Trial;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// Our engine (`mooncake-peer`).
@@ -36,23 +38,33 @@ pub fn upstream_python() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-/// Whether upstream interop tests must run (CI sets MOONCAKE_REQUIRE_UPSTREAM=1)
-/// or may be skipped with a printed reason.
-pub fn upstream_or_skip(test: &str) -> bool {
+/// An upstream interop test, reported by its own harness (libtest-mimic):
+/// it runs when the upstream engine is installed; otherwise it is listed as
+/// *ignored* with the reason on stderr (never as passed), unless CI sets
+/// MOONCAKE_REQUIRE_UPSTREAM=1, where a missing engine fails it. An ignored
+/// one still runs for real under `--include-ignored`.
+pub fn upstream_trial(name: &'static str, f: impl FnOnce() + Send + 'static) -> Trial {
+    let test = Trial::test(name, move || {
+        f();
+        Ok(())
+    });
     if upstream_python().is_some() {
-        return true;
+        return test;
     }
     if std::env::var("MOONCAKE_REQUIRE_UPSTREAM").as_deref() == Ok("1") {
-        panic!(
-            "{test}: the upstream engine is required but not installed; run \
-             scripts/install-test-deps.sh (or set MOONCAKE_UPSTREAM_PYTHON)"
-        );
+        return Trial::test(name, move || {
+            Err(format!(
+                "{name}: the upstream engine is required but not installed; run \
+                 scripts/install-test-deps.sh (or set MOONCAKE_UPSTREAM_PYTHON)"
+            )
+            .into())
+        });
     }
     eprintln!(
-        "SKIPPED {test}: upstream Mooncake not installed (run scripts/install-test-deps.sh; \
+        "skipped {name}: upstream Mooncake not installed (run scripts/install-test-deps.sh; \
          the full test command does)"
     );
-    false
+    test.with_ignored_flag(true)
 }
 
 impl PeerProc {

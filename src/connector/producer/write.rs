@@ -11,6 +11,13 @@ use super::Inner;
 use crate::connector::regions::{request_descriptors, select_blocks, Descriptor};
 use crate::connector::stats::ConnectorStats;
 
+/// Per descriptor of a batch, Ok or the engine's reason; Err when the whole
+/// batch failed.
+type BatchResult = Result<Vec<Result<(), String>>, String>;
+
+/// A request and the range of its descriptors in the batch.
+type Span = (ReadyReq, std::ops::Range<usize>);
+
 /// Writes the ready requests of one message into the decoder, in one batch
 /// on the writer pool. Returns (ok d_req_ids, failed (d_req_id, why)).
 pub(super) async fn write_ready(
@@ -20,8 +27,51 @@ pub(super) async fn write_ready(
     ready: Vec<ReadyReq>,
 ) -> (Vec<String>, Vec<(String, String)>) {
     let mut failed = Vec::new();
+    let (descs, spans) = batch_descriptors(inner, plan, ready, &mut failed);
+    if spans.is_empty() {
+        return (Vec::new(), failed);
+    }
+    let started = Instant::now();
+    let descs = Arc::new(descs);
+    let result = write_on_pool(inner, session, descs.clone()).await;
+    let elapsed = started.elapsed();
+    let mut ok = Vec::new();
+    for (r, span) in spans {
+        match span_outcome(&result, span.clone()) {
+            Ok(()) => {
+                let n = span.len() as u64;
+                let bytes: u64 = descs[span].iter().map(|d| d.len).sum();
+                ConnectorStats::add(&inner.stats.transfers_ok, 1);
+                ConnectorStats::add(&inner.stats.descriptors_sent, n);
+                ConnectorStats::add(&inner.stats.bytes_sent, bytes);
+                tracing::info!(target: "mooncake_connector::producer",
+                    request = %r.p_req_id, transfer = %r.transfer_id, decoder = %session,
+                    bytes, descriptors = n, ms = elapsed.as_secs_f64() * 1e3, "KV sent");
+                inner.count_sent(&r.transfer_id, true);
+                ok.push(r.d_req_id);
+            }
+            Err(why) => {
+                tracing::warn!(target: "mooncake_connector::producer",
+                    request = %r.p_req_id, transfer = %r.transfer_id, decoder = %session, "KV write failed: {why}");
+                ConnectorStats::add(&inner.stats.transfers_failed, 1);
+                inner.end_sending_failed(&r.transfer_id);
+                failed.push((r.d_req_id, why));
+            }
+        }
+    }
+    (ok, failed)
+}
+
+/// The descriptors of every request in `ready` that maps onto the
+/// decoder's layout, with each one's span; the others go to `failed`.
+fn batch_descriptors(
+    inner: &Inner,
+    plan: &MessagePlan,
+    ready: Vec<ReadyReq>,
+    failed: &mut Vec<(String, String)>,
+) -> (Vec<Descriptor>, Vec<Span>) {
     let mut descs: Vec<Descriptor> = Vec::new();
-    let mut spans: Vec<(ReadyReq, std::ops::Range<usize>)> = Vec::new();
+    let mut spans: Vec<Span> = Vec::new();
     for r in ready {
         let start = descs.len();
         let res = select_blocks(&r.p_blocks, &r.d_blocks).and_then(|blocks| {
@@ -47,73 +97,49 @@ pub(super) async fn write_ready(
             }
         }
     }
-    if spans.is_empty() {
-        return (Vec::new(), failed);
-    }
+    (descs, spans)
+}
+
+/// Runs the batch WRITE of `descs` on the writer pool (a blocking task,
+/// once a writer permit is free).
+async fn write_on_pool(
+    inner: &Arc<Inner>,
+    session: &str,
+    descs: Arc<Vec<Descriptor>>,
+) -> BatchResult {
     let permit = inner
         .writers
         .clone()
         .acquire_owned()
         .await
         .expect("semaphore open");
-    let started = Instant::now();
-    let descs = Arc::new(descs);
     let job = {
-        let (inner, descs) = (inner.clone(), descs.clone());
+        let inner = inner.clone();
         let session = session.to_string();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             run_batch(&inner, &session, &descs)
         })
     };
-    let result = job
-        .await
-        .unwrap_or_else(|e| Err(format!("writer task panicked: {e}")));
-    let elapsed = started.elapsed();
-    let mut ok = Vec::new();
-    for (r, span) in spans {
-        let outcome = match &result {
-            Ok(per_desc) => match span
-                .clone()
-                .find_map(|i| per_desc[i].as_ref().err().map(|e| (i, e)))
-            {
-                None => Ok(()),
-                Some((i, e)) => Err(format!("descriptor {i} of the batch failed: {e}")),
-            },
-            Err(why) => Err(why.clone()),
-        };
-        match outcome {
-            Ok(()) => {
-                let n = span.len() as u64;
-                let bytes: u64 = descs[span].iter().map(|d| d.len).sum();
-                ConnectorStats::add(&inner.stats.transfers_ok, 1);
-                ConnectorStats::add(&inner.stats.descriptors_sent, n);
-                ConnectorStats::add(&inner.stats.bytes_sent, bytes);
-                tracing::info!(target: "mooncake_connector::producer",
-                    request = %r.p_req_id, transfer = %r.transfer_id, decoder = %session,
-                    bytes, descriptors = n, ms = elapsed.as_secs_f64() * 1e3, "KV sent");
-                inner.count_sent(&r.transfer_id, true);
-                ok.push(r.d_req_id);
-            }
-            Err(why) => {
-                tracing::warn!(target: "mooncake_connector::producer",
-                    request = %r.p_req_id, transfer = %r.transfer_id, decoder = %session, "KV write failed: {why}");
-                ConnectorStats::add(&inner.stats.transfers_failed, 1);
-                inner.end_sending_failed(&r.transfer_id);
-                failed.push((r.d_req_id, why));
-            }
-        }
+    job.await
+        .unwrap_or_else(|e| Err(format!("writer task panicked: {e}")))
+}
+
+/// One request's outcome: Ok when every descriptor in its `span` was
+/// written.
+fn span_outcome(result: &BatchResult, mut span: std::ops::Range<usize>) -> Result<(), String> {
+    match result {
+        Ok(per_desc) => match span.find_map(|i| per_desc[i].as_ref().err().map(|e| (i, e))) {
+            None => Ok(()),
+            Some((i, e)) => Err(format!("descriptor {i} of the batch failed: {e}")),
+        },
+        Err(why) => Err(why.clone()),
     }
-    (ok, failed)
 }
 
 /// One blocking batch WRITE of `descs` to the decoder's segment `session`:
 /// per descriptor, Ok or the engine's reason.
-pub(super) fn run_batch(
-    inner: &Inner,
-    session: &str,
-    descs: &[Descriptor],
-) -> Result<Vec<Result<(), String>>, String> {
+pub(super) fn run_batch(inner: &Inner, session: &str, descs: &[Descriptor]) -> BatchResult {
     let ctx = &inner.ctx;
     let seg = {
         let cached = inner.sessions.lock().unwrap().get(session).cloned();
