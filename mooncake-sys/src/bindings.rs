@@ -9,6 +9,7 @@ pub type nic_load_stat_t = nic_load_stat;
 pub type transfer_engine_t = *mut ::core::ffi::c_void;
 pub type transport_t = *mut ::core::ffi::c_void;
 pub type mc_engine_config_t = mc_engine_config;
+pub type mc_env_overrides_t = mc_env_overrides;
 pub type mc_log_sink_fn = ::core::option::Option<
     unsafe extern "C" fn(
         user_data: *mut ::core::ffi::c_void,
@@ -115,6 +116,14 @@ pub struct mc_engine_config {
     pub notify_max_message_bytes: u32,
     pub notify_max_bytes: u64,
     pub allowed_peer_networks: *const ::core::ffi::c_char,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct mc_env_overrides {
+    pub struct_size: u32,
+    pub force_tcp: u32,
+    pub force_hca: u32,
+    pub bind_address: [::core::ffi::c_char; 256usize],
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -401,6 +410,19 @@ const _: () = {
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
+    ["Size of mc_env_overrides"][::core::mem::size_of::<mc_env_overrides>() - 268usize];
+    ["Alignment of mc_env_overrides"][::core::mem::align_of::<mc_env_overrides>() - 4usize];
+    ["Offset of field: mc_env_overrides::struct_size"]
+        [::core::mem::offset_of!(mc_env_overrides, struct_size) - 0usize];
+    ["Offset of field: mc_env_overrides::force_tcp"]
+        [::core::mem::offset_of!(mc_env_overrides, force_tcp) - 4usize];
+    ["Offset of field: mc_env_overrides::force_hca"]
+        [::core::mem::offset_of!(mc_env_overrides, force_hca) - 8usize];
+    ["Offset of field: mc_env_overrides::bind_address"]
+        [::core::mem::offset_of!(mc_env_overrides, bind_address) - 12usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
     ["Size of mc_buffer_info"][::core::mem::size_of::<mc_buffer_info>() - 16usize];
     ["Alignment of mc_buffer_info"][::core::mem::align_of::<mc_buffer_info>() - 8usize];
     ["Offset of field: mc_buffer_info::addr"]
@@ -581,6 +603,15 @@ impl Default for mc_engine_config {
         }
     }
 }
+impl Default for mc_env_overrides {
+    fn default() -> Self {
+        let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::core::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 impl Default for mc_abi_field {
     fn default() -> Self {
         let mut s = ::core::mem::MaybeUninit::<Self>::uninit();
@@ -696,6 +727,7 @@ unsafe extern "C" {
         json: ::core::ffi::c_int,
     ) -> ::core::ffi::c_int;
     pub fn mc_engine_config_default(cfg: *mut mc_engine_config_t) -> ::core::ffi::c_int;
+    pub fn mc_get_env_overrides(out: *mut mc_env_overrides_t) -> ::core::ffi::c_int;
     pub fn mc_engine_create(cfg: *const mc_engine_config_t) -> transfer_engine_t;
     pub fn mc_last_error_message() -> *const ::core::ffi::c_char;
     pub fn mc_last_error_code() -> ::core::ffi::c_int;

@@ -135,6 +135,22 @@ typedef struct mc_engine_config {
 } mc_engine_config_t;
 
 int mc_engine_config_default(mc_engine_config_t *cfg);
+
+/*
+ * Process-wide settings that a binding acts on before it creates an engine
+ * (the engine itself reads every other variable): MC_FORCE_TCP and
+ * MC_FORCE_HCA (set to any value) and MC_BIND_ADDRESS (trimmed; "" when
+ * unset). Bindings call this instead of reading the environment, so that
+ * the engine's parser is the only one. Fails with MC_ERR_INVALID_ARGUMENT
+ * when MC_BIND_ADDRESS is longer than bind_address can hold.
+ */
+typedef struct mc_env_overrides {
+    uint32_t struct_size;       /* sizeof(mc_env_overrides_t) */
+    uint32_t force_tcp;         /* 1: no RDMA, even for an automatic choice */
+    uint32_t force_hca;         /* 1: an automatic choice must bring up RDMA */
+    char bind_address[256];     /* NUL-terminated */
+} mc_env_overrides_t;
+int mc_get_env_overrides(mc_env_overrides_t *out);
 /* Returns NULL on failure (see mc_last_error_message). */
 transfer_engine_t mc_engine_create(const mc_engine_config_t *cfg);
 

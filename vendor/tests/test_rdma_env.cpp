@@ -2,9 +2,10 @@
 
 #include "common/error.h"
 #include "test_util.h"
-#include "transport/rdma/rdma_env.h"
+#include "core/config.h"
 
 using namespace mcrs::rdma;
+using mcrs::EnvLookup;
 using mcrs::Error;
 
 namespace {
@@ -43,7 +44,7 @@ TEST(rdma_env_defaults) {
     CHECK_EQ(c.workers_per_ctx, 2);
     CHECK_EQ(c.slice_timeout_s, 0);
     c.validate();
-    CHECK_EQ(c.slice_params().slice_size, uint64_t(65536));
+    CHECK_EQ(c.slice_size, uint64_t(65536));
 }
 
 TEST(rdma_env_values_and_bad_values) {

@@ -19,13 +19,6 @@ std::string joined(const Names &v) {
 
 }  // namespace
 
-TEST(rdma_filter_parse_list) {
-    CHECK(parse_device_list("") == Names{});
-    CHECK(parse_device_list(" , ,") == Names{});
-    CHECK(parse_device_list("mlx5_0") == Names{"mlx5_0"});
-    CHECK((parse_device_list(" mlx5_0 ,mlx5_1,\tmlx5_0, ") == Names{"mlx5_0", "mlx5_1"}));
-}
-
 TEST(rdma_filter_allow_deny_env) {
     Names found = {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"};
     struct Case {

@@ -2,6 +2,7 @@
 #include <random>
 
 #include "common/error.h"
+#include "core/config.h"
 #include "test_util.h"
 #include "transport/rdma/slicer.h"
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/text.h"
 #include "engine_fixture.h"
 #include "core/segment_descriptor.h"
 #include "engine/transfer_engine.h"
@@ -333,7 +334,7 @@ TEST(rdma_hw_loopback) {
     std::vector<char> a(n), b(n), c(n);
     mctest::fill_random(a, 99);
     const char *allow = std::getenv("MOONCAKE_RDMA_HW_DEVICES");  // optional, comma-separated
-    std::vector<std::string> list = allow ? mcrs::rdma::parse_device_list(allow) : std::vector<std::string>{};
+    std::vector<std::string> list = allow ? mcrs::split_list(allow) : std::vector<std::string>{};
     TransferEngine x(rdma_cfg(list));
     TransferEngine y(rdma_cfg(list));
     x.register_memory(a.data(), n, "cpu:0", true);

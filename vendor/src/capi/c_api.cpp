@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "capi/api_guard.h"
-#include "common/env.h"
+#include "common/text.h"
 #include "common/host_port.h"
 #include "core/request.h"
 #include "transfer_engine_c.h"
@@ -56,7 +56,7 @@ transfer_engine_t createTransferEngine(const char *metadata_conn_string,
         cfg.metadata_conn_string = metadata_conn_string;
         cfg.local_server_name = local_server_name;
         cfg.protocols = auto_discover ? static_cast<uint32_t>(kProtoTcp) : 0u;
-        if (env_present("MC_LEGACY_RPC_PORT_BINDING"))
+        if (ProcessOverrides::from_env().legacy_rpc_port_binding)
             cfg.rpc_port = parse_host_port(local_server_name).port;
         return new TransferEngine(cfg);
     });

@@ -298,6 +298,23 @@ int mc_engine_get_counters(transfer_engine_t engine, mc_engine_counters_t *out) 
     });
 }
 
+int mc_get_env_overrides(mc_env_overrides_t *out) {
+    return guard_errcode("mc_get_env_overrides", [&] {
+        if (!out) throw Error(kErrInvalidArgument, "out pointer is null");
+        ProcessOverrides o = ProcessOverrides::from_env();
+        if (o.bind_address.size() >= sizeof out->bind_address)
+            throw Error(kErrInvalidArgument, "MC_BIND_ADDRESS is " +
+                                                 std::to_string(o.bind_address.size()) +
+                                                 " bytes; at most 255 are accepted");
+        std::memset(out, 0, sizeof *out);
+        out->struct_size = sizeof *out;
+        out->force_tcp = o.force_tcp ? 1u : 0u;
+        out->force_hca = o.force_hca ? 1u : 0u;
+        std::memcpy(out->bind_address, o.bind_address.c_str(), o.bind_address.size() + 1);
+        return 0;
+    });
+}
+
 int mc_engine_get_limit_counters(transfer_engine_t engine, mc_engine_limit_counters_t *out) {
     return guard_errcode("mc_engine_get_limit_counters", [&] {
         if (!out) throw Error(kErrInvalidArgument, "out pointer is null");
@@ -498,6 +515,11 @@ size_t mc_abi_describe(const mc_abi_field_t **fields) {
         MC_ABI_FIELD(mc_engine_config, notify_max_message_bytes),
         MC_ABI_FIELD(mc_engine_config, notify_max_bytes),
         MC_ABI_FIELD(mc_engine_config, allowed_peer_networks),
+        MC_ABI_STRUCT(mc_env_overrides),
+        MC_ABI_FIELD(mc_env_overrides, struct_size),
+        MC_ABI_FIELD(mc_env_overrides, force_tcp),
+        MC_ABI_FIELD(mc_env_overrides, force_hca),
+        MC_ABI_FIELD(mc_env_overrides, bind_address),
         MC_ABI_STRUCT(mc_engine_limit_counters),
         MC_ABI_FIELD(mc_engine_limit_counters, tcp_connections_refused),
         MC_ABI_FIELD(mc_engine_limit_counters, tcp_connections_idle_closed),

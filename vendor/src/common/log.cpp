@@ -2,24 +2,10 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
-#include <strings.h>
 
 namespace mcrs {
 namespace {
-
-LogLevel level_from_env() {
-    const char *v = std::getenv("MC_LOG_LEVEL");
-    if (!v) return LogLevel::Warn;
-    if (strcasecmp(v, "TRACE") == 0) return LogLevel::Trace;
-    if (strcasecmp(v, "DEBUG") == 0) return LogLevel::Debug;
-    if (strcasecmp(v, "INFO") == 0) return LogLevel::Info;
-    if (strcasecmp(v, "WARNING") == 0 || strcasecmp(v, "WARN") == 0) return LogLevel::Warn;
-    if (strcasecmp(v, "ERROR") == 0) return LogLevel::Error;
-    return LogLevel::Warn;
-}
 
 struct SinkState {
     std::mutex mu;  // serialises sink replacement against delivery
@@ -33,7 +19,7 @@ SinkState &sink() {
 }
 
 std::atomic<int> &min_level() {
-    static std::atomic<int> lvl{static_cast<int>(level_from_env())};
+    static std::atomic<int> lvl{static_cast<int>(LogLevel::Warn)};
     return lvl;
 }
 
@@ -55,6 +41,10 @@ void set_log_sink(LogSinkFn fn, void *user_data, LogLevel level) noexcept {
     std::lock_guard<std::mutex> g(s.mu);
     s.fn = fn;
     s.user = user_data;
+    min_level().store(static_cast<int>(level), std::memory_order_relaxed);
+}
+
+void set_log_level(LogLevel level) noexcept {
     min_level().store(static_cast<int>(level), std::memory_order_relaxed);
 }
 

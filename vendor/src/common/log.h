@@ -15,6 +15,8 @@ using LogSinkFn = void (*)(void *user_data, int level, const char *message);
 // Installs `fn` (nullptr restores the stderr sink) and the minimum level that
 // reaches it.
 void set_log_sink(LogSinkFn fn, void *user_data, LogLevel min_level) noexcept;
+// The minimum level alone (MC_LOG_LEVEL, applied by core/config.cpp at load).
+void set_log_level(LogLevel min_level) noexcept;
 bool log_enabled(LogLevel level) noexcept;
 void log_message(LogLevel level, const std::string &message) noexcept;
 

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "common/env.h"
+#include "common/text.h"
 
 namespace mcrs {
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <memory>
 
-#include "common/env.h"
+#include "core/config.h"
 #include "common/log.h"
 #include "gpu/cuda_api.h"
 #include "gpu/gpu.h"
@@ -22,7 +22,7 @@ namespace {
 // enough that the per-chunk event wait stays cheap. MC_GPU_STAGE_CHUNK_KIB
 // overrides it (64 KiB .. 16 MiB).
 size_t chunk_bytes() {
-    static const size_t v = static_cast<size_t>(env_int("MC_GPU_STAGE_CHUNK_KIB", 1024, 64, 16384)) << 10;
+    static const size_t v = gpu_stage_chunk_bytes_from_env();
     return v;
 }
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "common/env.h"
+#include "common/text.h"
 #include "common/error.h"
 
 namespace mcrs::rdma {
@@ -131,49 +131,6 @@ std::optional<GidSelection> select_gid_auto(const std::vector<GidEntry> &table) 
     s.gid = best->gid;
     s.type = best->type;
     return s;
-}
-
-namespace {
-
-// "" / "-1" -> -1; 0..255 -> value; anything else -> -2.
-int parse_index_value(const std::string &raw) {
-    std::string v = trim(raw);
-    if (v.empty() || v == "-1") return -1;
-    if (v.size() > 3) return -2;
-    int x = 0;
-    for (char c : v) {
-        if (c < '0' || c > '9') return -2;
-        x = x * 10 + (c - '0');
-    }
-    return x <= 255 ? x : -2;
-}
-
-}  // namespace
-
-GidIndexOverride parse_gid_index_override(const std::optional<std::string> &mc,
-                                          const std::optional<std::string> &nccl) {
-    struct Source {
-        const char *name;
-        const std::optional<std::string> *value;
-    } sources[] = {{"MC_GID_INDEX", &mc}, {"NCCL_IB_GID_INDEX", &nccl}};
-    for (const Source &s : sources) {
-        if (!*s.value || trim(**s.value).empty()) continue;
-        int x = parse_index_value(**s.value);
-        if (x == -2)
-            throw Error(kErrInvalidArgument,
-                        std::string(s.name) + "=\"" + **s.value +
-                            "\" is not a GID index: expected an integer in 0..255 (or -1 / "
-                            "unset for automatic selection)");
-        GidIndexOverride ov;
-        ov.index = x;
-        if (x >= 0) ov.variable = s.name;
-        return ov;  // MC_GID_INDEX=-1 means auto and hides NCCL_IB_GID_INDEX
-    }
-    return {};
-}
-
-GidIndexOverride gid_index_override_from_env() {
-    return parse_gid_index_override(env_string("MC_GID_INDEX"), env_string("NCCL_IB_GID_INDEX"));
 }
 
 namespace {

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/config.h"
+
 namespace mcrs::rdma {
 
 using Gid = std::array<uint8_t, 16>;
@@ -70,22 +72,8 @@ struct GidSelection {
 // Best class, ties by lowest index; nullopt when nothing is selectable.
 std::optional<GidSelection> select_gid_auto(const std::vector<GidEntry> &table);
 
-// A forced GID index from the environment. index -1 = automatic.
-struct GidIndexOverride {
-    int index = -1;
-    std::string variable;  // which variable set it ("MC_GID_INDEX" or "NCCL_IB_GID_INDEX")
-};
-
-// Pure form of the rule; arguments are the raw values of MC_GID_INDEX and
-// NCCL_IB_GID_INDEX (nullopt = unset). NCCL_IB_GID_INDEX is consulted only
-// when MC_GID_INDEX is unset or empty. A value is trimmed; "" and "-1" mean
-// automatic (NCCL itself documents -1 as auto, so an NCCL setup must not
-// break us). Anything else must be a decimal integer in 0..255, else
-// Error(kErrInvalidArgument) naming the variable: unlike upstream we do not
-// silently fall back, because a wrong GID index picks a wrong RoCE version.
-GidIndexOverride parse_gid_index_override(const std::optional<std::string> &mc_gid_index,
-                                          const std::optional<std::string> &nccl_gid_index);
-GidIndexOverride gid_index_override_from_env();
+// GidIndexOverride and its parser live with the rest of the configuration
+// (core/config.h).
 
 // Forced index when `ov.index >= 0` (must exist in `table`, be queryable and
 // non-zero), otherwise select_gid_auto. Throws Error(kErrContext) naming the

@@ -3,7 +3,7 @@
 #include <cctype>
 #include <cstdio>
 
-#include "common/env.h"
+#include "common/text.h"
 #include "common/log.h"
 #include "gpu/gpu.h"
 

@@ -6,31 +6,11 @@
 #include <cstdio>
 #include <system_error>
 
-#include "common/env.h"
+#include "common/text.h"
 #include "common/log.h"
 #include "transport/rdma/sysfs_reader.h"
 
 namespace mcrs::rdma {
-
-PeermemSetting parse_with_nvidia_peermem(const std::optional<std::string> &raw) {
-    PeermemSetting s;
-    if (!raw) return s;
-    if (auto b = parse_bool(*raw)) {
-        s.value = *b;
-        return s;
-    }
-    s.recognized = false;
-    s.warning = "WITH_NVIDIA_PEERMEM=\"" + *raw +
-                "\" is not a boolean (1/0, true/false, yes/no, on/off, enable/disable); "
-                "keeping the default 1 (nvidia-peermem, ibv_reg_mr)";
-    return s;
-}
-
-PeermemSetting with_nvidia_peermem_from_env() {
-    PeermemSetting s = parse_with_nvidia_peermem(env_string("WITH_NVIDIA_PEERMEM"));
-    if (!s.recognized) MC_LOG(Warn, s.warning);
-    return s;
-}
 
 bool peermem_module_loaded(const std::string &sys_module_root, const std::string &proc_modules) {
     for (const char *m : {"nvidia_peermem", "nv_peer_mem"}) {

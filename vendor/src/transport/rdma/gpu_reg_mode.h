@@ -11,19 +11,7 @@
 
 namespace mcrs::rdma {
 
-struct PeermemSetting {
-    bool value = true;        // true = PeerMem (plain ibv_reg_mr), false = DMA-BUF
-    bool recognized = true;   // false: the text was not a boolean and the default was kept
-    std::string warning;      // set when !recognized
-};
-
-// WITH_NVIDIA_PEERMEM's rule (upstream Environ): unset -> true; 1/0,
-// true/false, yes/no, on/off, enable/disable, case-insensitive and trimmed;
-// anything else keeps the default true and yields a warning. The same
-// parse_bool that resolve_gpu_registration_mode (core/config.cpp) uses
-// through env_bool, so FromEnv resolves identically in both places.
-PeermemSetting parse_with_nvidia_peermem(const std::optional<std::string> &raw);
-PeermemSetting with_nvidia_peermem_from_env();  // logs the warning
+// PeermemSetting and WITH_NVIDIA_PEERMEM parsing: core/config.h.
 
 // Is a GPUDirect peer-memory client loaded? True when <sys_module_root>/
 // nvidia_peermem (or the legacy nv_peer_mem) exists, or /proc/modules lists

@@ -2,7 +2,7 @@
 
 #include <strings.h>
 
-#include "common/env.h"
+#include "common/text.h"
 #include "transport/rdma/gid.h"
 
 namespace mcrs::rdma {

@@ -1,28 +1,12 @@
 #include "transport/rdma/nic_filter.h"
 
 #include <algorithm>
-#include <set>
 
-#include "common/env.h"
+#include "common/text.h"
 #include "common/error.h"
 #include "common/log.h"
-#include "common/text.h"
 
 namespace mcrs::rdma {
-
-std::vector<std::string> parse_device_list(const std::string &text) {
-    std::vector<std::string> out;
-    std::set<std::string> seen;
-    size_t start = 0;
-    while (start <= text.size()) {
-        size_t comma = text.find(',', start);
-        if (comma == std::string::npos) comma = text.size();
-        std::string item = trim(text.substr(start, comma - start));
-        if (!item.empty() && seen.insert(item).second) out.push_back(item);
-        start = comma + 1;
-    }
-    return out;
-}
 
 namespace {
 

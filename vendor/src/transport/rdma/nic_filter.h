@@ -12,9 +12,6 @@
 
 namespace mcrs::rdma {
 
-// Comma-separated names, each trimmed; empty items and repeats dropped.
-std::vector<std::string> parse_device_list(const std::string &text);
-
 struct NicFilterResult {
     std::vector<std::string> kept;     // discovery order
     std::vector<std::string> removed;  // discovered but filtered out
@@ -26,8 +23,7 @@ struct NicFilterResult {
 
 // A NIC is kept when it is in `allow` (empty = every NIC), in `env_filters`
 // (MC_TE_FILTERS; empty = every NIC) and not in `deny`. Both allow lists
-// apply (intersection); EngineConfig::from_env already copies MC_TE_FILTERS
-// into device_allow_list, and intersecting a list with itself is harmless.
+// apply (intersection).
 // Throws Error(kErrDeviceNotFound) when devices were discovered but the
 // lists leave none, naming the lists and the discovered devices. No
 // discovered device at all is not an error here (the engine then has no RDMA).

@@ -26,7 +26,6 @@
 #include "transport/rdma/handshake_desc.h"
 #include "transport/rdma/link_layer.h"
 #include "transport/rdma/rail_monitor.h"
-#include "transport/rdma/rdma_env.h"
 #include "transport/rdma/topology.h"
 #include "transport/rdma/verbs_loader.h"
 #include "transport/transport.h"

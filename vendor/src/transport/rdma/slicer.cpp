@@ -6,11 +6,6 @@
 
 namespace mcrs::rdma {
 
-uint64_t fragment_limit_for(uint64_t slice_size, uint64_t fragment_ratio) {
-    if (fragment_ratio == 0) fragment_ratio = 4;
-    return slice_size / fragment_ratio;
-}
-
 namespace {
 
 struct Indexed {

@@ -22,8 +22,7 @@ struct SliceParams {
     uint64_t fragment_limit = 16384;  // a remainder <= slice_size + this is kept whole
 };
 
-// slice_size / ratio with upstream's default ratio 4; ratio 0 -> default.
-uint64_t fragment_limit_for(uint64_t slice_size, uint64_t fragment_ratio);
+// fragment_limit from MC_FRAGMENT_RATIO: fragment_limit_for in core/config.h.
 
 struct Slice {
     uint64_t offset = 0;  // from the start of the request

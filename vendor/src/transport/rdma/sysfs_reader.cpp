@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "common/env.h"
+#include "common/text.h"
 
 namespace mcrs::rdma {
 

@@ -6,7 +6,7 @@
 #include <set>
 #include <thread>
 
-#include "common/env.h"
+#include "common/text.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/rdma/sysfs_reader.h"

@@ -8,7 +8,8 @@
 #include <memory>
 #include <mutex>
 
-#include "common/env.h"
+#include "common/text.h"
+#include "core/config.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -104,9 +105,8 @@ struct VerbsLibraryOpener {
 
 std::string VerbsLibrary::resolve_path(const std::string &explicit_path) {
     if (!explicit_path.empty()) return explicit_path;
-    auto env = env_string("MC_VERBS_LIBRARY");
-    if (env && !trim(*env).empty()) return trim(*env);
-    return kDefaultLibrary;
+    std::string env = verbs_library_from_env();
+    return env.empty() ? kDefaultLibrary : env;
 }
 
 const VerbsLibrary &VerbsLibrary::load(const std::string &explicit_path) {
