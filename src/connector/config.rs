@@ -318,10 +318,36 @@ impl Default for ConnectorEnv {
     }
 }
 
+/// The process environment: the one place in this package that reads it
+/// (`tests/knob_table.rs` checks that). Every variable is named in this file
+/// and listed in README's "Environment variables" table.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// `MOONCAKE_BOOTSTRAP_TOKEN` through `get`; empty means unset.
+fn bootstrap_token(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    get("MOONCAKE_BOOTSTRAP_TOKEN").filter(|t| !t.is_empty())
+}
+
+/// `MOONCAKE_BOOTSTRAP_TOKEN` from the process environment (`None` when
+/// unset or empty): the registration secret the bootstrap server and
+/// client use when not given one explicitly.
+pub fn bootstrap_token_from_env() -> Option<String> {
+    bootstrap_token(process_env)
+}
+
+/// `OPENAI_API_KEY` from the process environment: the example proxy sends
+/// it as `Authorization: Bearer` to both legs of a request, as vLLM's proxy
+/// does (unset: no header). Read per request.
+pub fn openai_api_key_from_env() -> Option<String> {
+    process_env("OPENAI_API_KEY")
+}
+
 impl ConnectorEnv {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConnectorError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        Self::from_lookup(process_env)
     }
 
     /// Reads variables through `get` (tests pass a map).
@@ -384,7 +410,7 @@ impl ConnectorEnv {
         if let Some(v) = get("MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT") {
             e.bootstrap_query_timeout = secs("MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT", &v)?;
         }
-        e.bootstrap_token = get("MOONCAKE_BOOTSTRAP_TOKEN").filter(|t| !t.is_empty());
+        e.bootstrap_token = bootstrap_token(&get);
         e.host_ip = match get("VLLM_HOST_IP") {
             Some(ip) if !ip.trim().is_empty() => {
                 let ip = ip.trim().to_string();
@@ -554,5 +580,15 @@ mod tests {
             let err = env(&[(k, v)]).unwrap_err();
             assert!(err.to_string().contains(k), "{k}={v}: {err}");
         }
+    }
+
+    #[test]
+    fn an_empty_bootstrap_token_is_no_token() {
+        let get = |v: &'static str| {
+            move |k: &str| (k == "MOONCAKE_BOOTSTRAP_TOKEN").then(|| v.to_string())
+        };
+        assert_eq!(bootstrap_token(get("")), None);
+        assert_eq!(bootstrap_token(get("s3cret")).as_deref(), Some("s3cret"));
+        assert_eq!(bootstrap_token(|_: &str| None), None);
     }
 }
