@@ -35,6 +35,35 @@ fn collect_sources(dir: &Path, out: &mut Vec<PathBuf>) {
 mod cuda;
 
 fn main() {
+    let (include, src) = locate_vendor();
+    let sources = track_sources(&include, &src);
+    check_target_os();
+    let mut build = engine_build(&include, &src, &sources);
+    let toolkit = cuda::wanted()
+        .map(|want| cuda::find(want, &|k: &str| env(k)).unwrap_or_else(|msg| panic!("{msg}")));
+    if let Some(tk) = &toolkit {
+        build
+            .define("MC_WITH_CUDA", "1")
+            .define("MC_CUDA_MAJOR", tk.major().to_string().as_str())
+            .include(&tk.include);
+    }
+    build.compile("mooncake_engine");
+    if let Some(tk) = &toolkit {
+        link_cuda_runtime(tk);
+    }
+    println!("cargo:rustc-link-lib=pthread");
+    // dlopen/dlsym: the RDMA transport loads libibverbs at run time (and GPU
+    // builds libcuda). In libc since glibc 2.34, in libdl before.
+    println!("cargo:rustc-link-lib=dl");
+    emit_metadata(&include, toolkit.as_ref());
+
+    #[cfg(feature = "bindgen")]
+    generate_bindings(&include);
+}
+
+/// The engine's `include/` and `src/` directories (`MOONCAKE_VENDOR_DIR`,
+/// else `../vendor`); panics with a hint when they are not there.
+fn locate_vendor() -> (PathBuf, PathBuf) {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let vendor = env("MOONCAKE_VENDOR_DIR")
         .map(PathBuf::from)
@@ -49,29 +78,41 @@ fn main() {
             vendor.display()
         );
     }
+    (include, src)
+}
+
+/// Every `.cpp` under `src`, sorted; cargo reruns when any of them, or the
+/// headers, change.
+fn track_sources(include: &Path, src: &Path) -> Vec<PathBuf> {
     println!("cargo:rerun-if-changed={}", include.display());
     println!("cargo:rerun-if-changed={}", src.display());
-
     let mut sources = Vec::new();
-    collect_sources(&src, &mut sources);
+    collect_sources(src, &mut sources);
     sources.sort();
     for s in &sources {
         println!("cargo:rerun-if-changed={}", s.display());
     }
+    sources
+}
 
+fn check_target_os() {
     let target_os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if target_os != "linux" {
         panic!("mooncake-sys: the engine supports Linux only (target os: {target_os})");
     }
+}
 
+/// The C++17 build of the engine, before any CUDA settings
+/// (`MOONCAKE_SYS_OPT_LEVEL`, `MOONCAKE_SYS_WERROR`).
+fn engine_build(include: &Path, src: &Path, sources: &[PathBuf]) -> cc::Build {
     let opt = env("MOONCAKE_SYS_OPT_LEVEL").unwrap_or_else(|| "2".into());
     let mut build = cc::Build::new();
     build
         .cpp(true)
         .std("c++17")
-        .include(&include)
-        .include(&src)
-        .files(&sources)
+        .include(include)
+        .include(src)
+        .files(sources)
         .opt_level_str(&opt)
         .flag("-pthread")
         .flag_if_supported("-fvisibility=hidden")
@@ -81,49 +122,40 @@ fn main() {
     if env("MOONCAKE_SYS_WERROR").as_deref() == Some("1") {
         build.warnings_into_errors(true);
     }
-    let toolkit = cuda::wanted()
-        .map(|want| cuda::find(want, &|k: &str| env(k)).unwrap_or_else(|msg| panic!("{msg}")));
-    if let Some(tk) = &toolkit {
-        build
-            .define("MC_WITH_CUDA", "1")
-            .define("MC_CUDA_MAJOR", tk.major().to_string().as_str())
-            .include(&tk.include);
-    }
-    build.compile("mooncake_engine");
-    if let Some(tk) = &toolkit {
-        // The runtime, statically: nothing but libcuda.so.1 is needed at run
-        // time (the runtime loads it itself), so there is no libcudart.so.N
-        // to go missing.
-        println!("cargo:rustc-link-search=native={}", tk.lib.display());
-        println!("cargo:rustc-link-lib=static=cudart_static");
-        println!("cargo:rustc-link-lib=rt");
-        println!(
-            "cargo:warning=mooncake-sys: CUDA {} from {} ({})",
-            tk.version_string(),
-            tk.root.display(),
-            tk.found_by
-        );
-    }
-    println!("cargo:rustc-link-lib=pthread");
-    // dlopen/dlsym: the RDMA transport loads libibverbs at run time (and GPU
-    // builds libcuda). In libc since glibc 2.34, in libdl before.
-    println!("cargo:rustc-link-lib=dl");
-    let major = toolkit.as_ref().map(|t| t.major()).unwrap_or(0);
+    build
+}
+
+/// The runtime, statically: nothing but libcuda.so.1 is needed at run time
+/// (the runtime loads it itself), so there is no libcudart.so.N to go
+/// missing.
+fn link_cuda_runtime(tk: &cuda::Toolkit) {
+    println!("cargo:rustc-link-search=native={}", tk.lib.display());
+    println!("cargo:rustc-link-lib=static=cudart_static");
+    println!("cargo:rustc-link-lib=rt");
+    println!(
+        "cargo:warning=mooncake-sys: CUDA {} from {} ({})",
+        tk.version_string(),
+        tk.root.display(),
+        tk.found_by
+    );
+}
+
+/// The CUDA version compiled in and the engine version, for this crate
+/// (`rustc-env`) and for dependents (`DEP_MOONCAKE_ENGINE_*`).
+fn emit_metadata(include: &Path, toolkit: Option<&cuda::Toolkit>) {
+    let major = toolkit.map(|t| t.major()).unwrap_or(0);
     println!("cargo:cuda_major={major}");
     println!(
         "cargo:cuda_version={}",
-        toolkit.as_ref().map(|t| t.version).unwrap_or(0)
+        toolkit.map(|t| t.version).unwrap_or(0)
     );
     println!("cargo:rustc-env=MOONCAKE_CUDA_MAJOR={major}");
 
     // Metadata for dependents (DEP_MOONCAKE_ENGINE_*).
     println!("cargo:include={}", include.display());
-    let version = engine_version(&include);
+    let version = engine_version(include);
     println!("cargo:version={version}");
     println!("cargo:rustc-env=MOONCAKE_ENGINE_VERSION={version}");
-
-    #[cfg(feature = "bindgen")]
-    generate_bindings(&include);
 }
 
 /// Reads MC_ENGINE_VERSION from the extension header.

@@ -113,8 +113,9 @@ fn site_dirs(env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
     dirs
 }
 
+/// The toolkit to build against, in the search order of this module's
+/// documentation; Err is a message for the build's panic.
 pub fn find(want: Want, env: &dyn Fn(&str) -> Option<String>) -> Result<Toolkit, String> {
-    let mut seen: Vec<String> = Vec::new();
     // 1. Our variable: an explicit choice, so a wrong major is an error.
     if let Some(home) = env("MOONCAKE_CUDA_HOME") {
         let tk = probe(Path::new(&home), "MOONCAKE_CUDA_HOME").ok_or_else(|| {
@@ -128,40 +129,37 @@ pub fn find(want: Want, env: &dyn Fn(&str) -> Option<String>) -> Result<Toolkit,
         }
         return Ok(tk);
     }
+    first_acceptable(want, candidates(want, env))
+}
+
+/// The majors to look for, in order of preference.
+fn majors(want: Want) -> &'static [u32] {
+    match want {
+        Want::Major(12) => &[12],
+        Want::Major(_) => &[13],
+        Want::Either => &[13, 12],
+    }
+}
+
+/// Steps 2 to 4 of the search order: every directory to probe, with how it
+/// was found.
+fn candidates(want: Want, env: &dyn Fn(&str) -> Option<String>) -> Vec<(PathBuf, String)> {
     let mut candidates: Vec<(PathBuf, String)> = Vec::new();
     for var in ["CUDA_HOME", "CUDA_PATH"] {
         if let Some(v) = env(var) {
             candidates.push((PathBuf::from(v), var.to_string()));
         }
     }
-    let majors: &[u32] = match want {
-        Want::Major(m) => {
-            if m == 12 {
-                &[12]
-            } else {
-                &[13]
-            }
-        }
-        Want::Either => &[13, 12],
-    };
-    for m in majors {
-        if let Ok(rd) = std::fs::read_dir("/usr/local") {
-            let mut v: Vec<PathBuf> = rd
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("cuda-{m}")))
-                })
-                .collect();
-            v.sort();
-            v.reverse();
-            candidates.extend(v.into_iter().map(|p| (p, "/usr/local/cuda-*".to_string())));
-        }
+    for m in majors(want) {
+        candidates.extend(
+            usr_local_toolkits(*m)
+                .into_iter()
+                .map(|p| (p, "/usr/local/cuda-*".to_string())),
+        );
     }
     candidates.push((PathBuf::from("/usr/local/cuda"), "/usr/local/cuda".into()));
     for site in site_dirs(env) {
-        for m in majors {
+        for m in majors(want) {
             let sub = if *m == 12 {
                 "nvidia/cuda_runtime"
             } else {
@@ -173,6 +171,32 @@ pub fn find(want: Want, env: &dyn Fn(&str) -> Option<String>) -> Result<Toolkit,
             ));
         }
     }
+    candidates
+}
+
+/// `/usr/local/cuda-<major>*`, newest first.
+fn usr_local_toolkits(major: u32) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir("/usr/local") else {
+        return Vec::new();
+    };
+    let prefix = format!("cuda-{major}");
+    let mut v: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .collect();
+    v.sort();
+    v.reverse();
+    v
+}
+
+/// The first candidate holding a toolkit of an accepted major; else an
+/// error naming the wrong-major toolkits seen, or saying none was found.
+fn first_acceptable(want: Want, candidates: Vec<(PathBuf, String)>) -> Result<Toolkit, String> {
+    let mut seen: Vec<String> = Vec::new();
     let mut wrong: Option<Toolkit> = None;
     for (root, how) in candidates {
         match probe(&root, &how) {

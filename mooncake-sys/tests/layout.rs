@@ -116,6 +116,14 @@ fn rust_layout() -> BTreeMap<(String, String), (usize, usize)> {
         notifications_refused,
         notification_bytes_queued
     );
+    layout!(
+        m,
+        mc_env_overrides,
+        struct_size,
+        force_tcp,
+        force_hca,
+        bind_address
+    );
     m
 }
 

@@ -219,9 +219,10 @@ impl EngineBuilder {
     }
 
     /// The address the listeners bind to. Default: env `MC_BIND_ADDRESS`
-    /// when set, else the local host when it is a numeric address, else
-    /// every interface (upstream always binds every interface). `"::"` or
-    /// `"0.0.0.0"` bind every interface.
+    /// when set and not blank (trimmed; the engine reads it), else the local
+    /// host when it is a numeric address, else every interface (upstream
+    /// always binds every interface). `"::"` or `"0.0.0.0"` bind every
+    /// interface.
     pub fn bind_address(mut self, addr: impl Into<String>) -> Self {
         self.bind_address = Some(addr.into());
         self
@@ -448,7 +449,7 @@ impl EngineBuilder {
             return Err(Error::InvalidArgument("local_host is empty".into()));
         }
         let host = OwnedCString::new("local_host", &self.local_host)?;
-        let bind = OwnedCString::new("bind_address", &self.effective_bind_address())?;
+        let bind = OwnedCString::new("bind_address", &self.effective_bind_address()?)?;
         cfg.metadata_conn_string = conn.as_ptr();
         cfg.local_server_name = host.as_ptr();
         cfg.bind_address = bind.as_ptr();
@@ -476,16 +477,23 @@ impl EngineBuilder {
         EngineShared::new(raw, rdma_unavailable)
     }
 
-    /// The address to bind: the explicit one, else `MC_BIND_ADDRESS`, else
-    /// `local_host` when it is an IP address, else any.
-    fn effective_bind_address(&self) -> String {
+    /// The address to bind: the explicit one, else `MC_BIND_ADDRESS` (as the
+    /// engine reads it), else `local_host` when it is an IP address, else
+    /// any.
+    fn effective_bind_address(&self) -> Result<String> {
         match &self.bind_address {
-            Some(b) => b.clone(),
-            None => match std::env::var("MC_BIND_ADDRESS") {
-                Ok(b) if !b.is_empty() => b,
-                _ if self.local_host.parse::<std::net::IpAddr>().is_ok() => self.local_host.clone(),
-                _ => String::new(),
-            },
+            Some(b) => Ok(b.clone()),
+            None => Ok(self.default_bind_address(ffi::env_overrides()?.bind_address)),
+        }
+    }
+
+    /// The bind address when none was given, from `MC_BIND_ADDRESS`
+    /// (`from_env`, non-empty when set).
+    fn default_bind_address(&self, from_env: Option<String>) -> String {
+        match from_env {
+            Some(b) => b,
+            None if self.local_host.parse::<std::net::IpAddr>().is_ok() => self.local_host.clone(),
+            None => String::new(),
         }
     }
 
@@ -548,7 +556,8 @@ impl EngineBuilder {
         if self.protocol != Protocol::Auto {
             return Ok(None);
         }
-        match auto_choice(env_set("MC_FORCE_TCP"), env_set("MC_FORCE_HCA")) {
+        let env = ffi::env_overrides()?;
+        match auto_choice(env.force_tcp, env.force_hca) {
             AutoChoice::TcpForced => {
                 tracing::info!(target: "mooncake", "protocol Auto: MC_FORCE_TCP is set; using TCP");
                 Ok(Some("MC_FORCE_TCP is set".to_string()))
@@ -590,11 +599,6 @@ fn auto_choice(force_tcp: bool, force_hca: bool) -> AutoChoice {
     }
 }
 
-/// Whether an environment variable is set (upstream tests presence only).
-fn env_set(name: &str) -> bool {
-    std::env::var_os(name).is_some()
-}
-
 fn join<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> String {
     items
         .into_iter()
@@ -602,4 +606,28 @@ fn join<S: AsRef<str>>(items: impl IntoIterator<Item = S>) -> String {
         .filter(|s| !s.is_empty())
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_address_falls_back_from_env_to_a_numeric_local_host_to_any() {
+        let b = EngineBuilder::default().local_host("10.0.0.7");
+        assert_eq!(b.default_bind_address(Some("10.0.0.9".into())), "10.0.0.9");
+        assert_eq!(b.default_bind_address(None), "10.0.0.7");
+        let named = EngineBuilder::default().local_host("node-7");
+        assert_eq!(named.default_bind_address(None), "");
+        let explicit = EngineBuilder::default().bind_address("::1");
+        assert_eq!(explicit.effective_bind_address().unwrap(), "::1");
+    }
+
+    #[test]
+    fn force_tcp_wins_over_force_hca() {
+        assert_eq!(auto_choice(true, true), AutoChoice::TcpForced);
+        assert_eq!(auto_choice(true, false), AutoChoice::TcpForced);
+        assert_eq!(auto_choice(false, true), AutoChoice::RdmaRequired);
+        assert_eq!(auto_choice(false, false), AutoChoice::RdmaIfUsable);
+    }
 }

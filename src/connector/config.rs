@@ -143,133 +143,155 @@ impl KvTransferConfig {
     }
 
     /// Parses an already decoded JSON value.
-    // Long on purpose: one flat block per config key, in vLLM's order.
     pub fn from_value(v: &Value) -> Result<Self, ConnectorError> {
         let obj = v.as_object().ok_or_else(|| {
             ConnectorError::config("kv_transfer_config", "expected a JSON object")
         })?;
-        let kv_connector = get_str(obj, "kv_connector", "kv_connector")?
-            .ok_or_else(|| {
-                ConnectorError::config("kv_connector", "missing (expected \"MooncakeConnector\")")
-            })?
-            .to_string();
-        if kv_connector != "MooncakeConnector" {
-            return Err(ConnectorError::config(
-                "kv_connector",
-                format!("{kv_connector:?} is not supported by this connector (expected \"MooncakeConnector\")"),
-            ));
-        }
-        let kv_role = match get_str(obj, "kv_role", "kv_role")? {
-            Some("kv_producer") => KvRole::Producer,
-            Some("kv_consumer") => KvRole::Consumer,
-            Some("kv_both") => KvRole::Both,
-            Some(other) => {
-                return Err(ConnectorError::config(
-                    "kv_role",
-                    format!("{other:?} is not one of kv_producer, kv_consumer, kv_both"),
-                ))
-            }
-            None => {
-                return Err(ConnectorError::config(
-                    "kv_role",
-                    "missing (kv_producer, kv_consumer or kv_both)",
-                ))
-            }
-        };
-        let engine_id = match get_str(obj, "engine_id", "engine_id")? {
-            Some("") => return Err(ConnectorError::config("engine_id", "must not be empty")),
-            Some(s) => s.to_string(),
-            None => uuid::Uuid::new_v4().to_string(),
-        };
-        let kv_load_failure_policy =
-            match get_str(obj, "kv_load_failure_policy", "kv_load_failure_policy")? {
-                None | Some("fail") => LoadFailurePolicy::Fail,
-                Some("recompute") => LoadFailurePolicy::Recompute,
-                Some(other) => {
-                    return Err(ConnectorError::config(
-                        "kv_load_failure_policy",
-                        format!("{other:?} is not one of fail, recompute"),
-                    ))
-                }
-            };
+        let kv_connector = parse_kv_connector(obj)?;
+        let kv_role = parse_kv_role(obj)?;
+        let engine_id = parse_engine_id(obj)?;
+        let kv_load_failure_policy = parse_load_failure_policy(obj)?;
         let empty = serde_json::Map::new();
-        let extra = match obj.get("kv_connector_extra_config") {
-            None | Some(Value::Null) => &empty,
-            Some(Value::Object(m)) => m,
-            Some(other) => {
-                return Err(ConnectorError::config(
-                    "kv_connector_extra_config",
-                    format!("expected a JSON object, got {other}"),
-                ))
-            }
-        };
-        let num_workers = match extra.get("num_workers") {
-            None | Some(Value::Null) => 10,
-            Some(Value::Number(n)) => match n.as_u64() {
-                Some(k) if (1..=1024).contains(&k) => k as usize,
-                _ => {
-                    return Err(ConnectorError::config(
-                        "kv_connector_extra_config.num_workers",
-                        format!("{n} is not an integer in 1..1024"),
-                    ))
-                }
-            },
-            Some(other) => {
-                return Err(ConnectorError::config(
-                    "kv_connector_extra_config.num_workers",
-                    format!("expected an integer, got {other}"),
-                ))
-            }
-        };
-        let mooncake_protocol = match get_str(
-            extra,
-            "mooncake_protocol",
-            "kv_connector_extra_config.mooncake_protocol",
-        )? {
-            None | Some("rdma") => MooncakeProtocol::Rdma,
-            Some("tcp") => MooncakeProtocol::Tcp,
-            Some(other) => {
-                return Err(ConnectorError::config(
-                    "kv_connector_extra_config.mooncake_protocol",
-                    format!("{other:?} is not one of rdma, tcp"),
-                ))
-            }
-        };
-        let device_name = get_str(
-            extra,
-            "device_name",
-            "kv_connector_extra_config.device_name",
-        )?
-        .map(|s| {
-            s.split(',')
-                .map(str::trim)
-                .filter(|d| !d.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
-        let bootstrap_server_address = match get_str(
-            extra,
-            "bootstrap_server_address",
-            "kv_connector_extra_config.bootstrap_server_address",
-        )? {
-            None => None,
-            Some(s) => Some(HostPort::parse(
-                "kv_connector_extra_config.bootstrap_server_address",
-                s,
-            )?),
-        };
+        let extra = extra_config(obj)?.unwrap_or(&empty);
         Ok(Self {
             kv_connector,
             kv_role,
             engine_id,
             kv_load_failure_policy,
-            num_workers,
-            mooncake_protocol,
-            device_name,
-            bootstrap_server_address,
+            num_workers: parse_num_workers(extra)?,
+            mooncake_protocol: parse_mooncake_protocol(extra)?,
+            device_name: parse_device_name(extra)?,
+            bootstrap_server_address: parse_bootstrap_server_address(extra)?,
         })
     }
+}
+
+type JsonObject = serde_json::Map<String, Value>;
+
+/// `kv_connector`: required, and must be `"MooncakeConnector"`.
+fn parse_kv_connector(obj: &JsonObject) -> Result<String, ConnectorError> {
+    let kv_connector = get_str(obj, "kv_connector", "kv_connector")?
+        .ok_or_else(|| {
+            ConnectorError::config("kv_connector", "missing (expected \"MooncakeConnector\")")
+        })?
+        .to_string();
+    if kv_connector != "MooncakeConnector" {
+        return Err(ConnectorError::config(
+            "kv_connector",
+            format!("{kv_connector:?} is not supported by this connector (expected \"MooncakeConnector\")"),
+        ));
+    }
+    Ok(kv_connector)
+}
+
+/// `kv_role`: required.
+fn parse_kv_role(obj: &JsonObject) -> Result<KvRole, ConnectorError> {
+    match get_str(obj, "kv_role", "kv_role")? {
+        Some("kv_producer") => Ok(KvRole::Producer),
+        Some("kv_consumer") => Ok(KvRole::Consumer),
+        Some("kv_both") => Ok(KvRole::Both),
+        Some(other) => Err(ConnectorError::config(
+            "kv_role",
+            format!("{other:?} is not one of kv_producer, kv_consumer, kv_both"),
+        )),
+        None => Err(ConnectorError::config(
+            "kv_role",
+            "missing (kv_producer, kv_consumer or kv_both)",
+        )),
+    }
+}
+
+/// `engine_id`: non-empty; a random UUID when absent.
+fn parse_engine_id(obj: &JsonObject) -> Result<String, ConnectorError> {
+    match get_str(obj, "engine_id", "engine_id")? {
+        Some("") => Err(ConnectorError::config("engine_id", "must not be empty")),
+        Some(s) => Ok(s.to_string()),
+        None => Ok(uuid::Uuid::new_v4().to_string()),
+    }
+}
+
+/// `kv_load_failure_policy`: `fail` (default) or `recompute`.
+fn parse_load_failure_policy(obj: &JsonObject) -> Result<LoadFailurePolicy, ConnectorError> {
+    match get_str(obj, "kv_load_failure_policy", "kv_load_failure_policy")? {
+        None | Some("fail") => Ok(LoadFailurePolicy::Fail),
+        Some("recompute") => Ok(LoadFailurePolicy::Recompute),
+        Some(other) => Err(ConnectorError::config(
+            "kv_load_failure_policy",
+            format!("{other:?} is not one of fail, recompute"),
+        )),
+    }
+}
+
+/// `kv_connector_extra_config`: an object, or `None` when absent or null.
+fn extra_config(obj: &JsonObject) -> Result<Option<&JsonObject>, ConnectorError> {
+    match obj.get("kv_connector_extra_config") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(other) => Err(ConnectorError::config(
+            "kv_connector_extra_config",
+            format!("expected a JSON object, got {other}"),
+        )),
+    }
+}
+
+/// `kv_connector_extra_config.num_workers`: 1..1024, default 10.
+fn parse_num_workers(extra: &JsonObject) -> Result<usize, ConnectorError> {
+    match extra.get("num_workers") {
+        None | Some(Value::Null) => Ok(10),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(k) if (1..=1024).contains(&k) => Ok(k as usize),
+            _ => Err(ConnectorError::config(
+                "kv_connector_extra_config.num_workers",
+                format!("{n} is not an integer in 1..1024"),
+            )),
+        },
+        Some(other) => Err(ConnectorError::config(
+            "kv_connector_extra_config.num_workers",
+            format!("expected an integer, got {other}"),
+        )),
+    }
+}
+
+/// `kv_connector_extra_config.mooncake_protocol`: `rdma` (default) or `tcp`.
+fn parse_mooncake_protocol(extra: &JsonObject) -> Result<MooncakeProtocol, ConnectorError> {
+    match get_str(
+        extra,
+        "mooncake_protocol",
+        "kv_connector_extra_config.mooncake_protocol",
+    )? {
+        None | Some("rdma") => Ok(MooncakeProtocol::Rdma),
+        Some("tcp") => Ok(MooncakeProtocol::Tcp),
+        Some(other) => Err(ConnectorError::config(
+            "kv_connector_extra_config.mooncake_protocol",
+            format!("{other:?} is not one of rdma, tcp"),
+        )),
+    }
+}
+
+/// `kv_connector_extra_config.device_name`: comma-separated, trimmed,
+/// empties dropped.
+fn parse_device_name(extra: &JsonObject) -> Result<Vec<String>, ConnectorError> {
+    Ok(get_str(
+        extra,
+        "device_name",
+        "kv_connector_extra_config.device_name",
+    )?
+    .map(|s| {
+        s.split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(str::to_string)
+            .collect()
+    })
+    .unwrap_or_default())
+}
+
+/// `kv_connector_extra_config.bootstrap_server_address`: `"host:port"`.
+fn parse_bootstrap_server_address(extra: &JsonObject) -> Result<Option<HostPort>, ConnectorError> {
+    const KEY: &str = "kv_connector_extra_config.bootstrap_server_address";
+    get_str(extra, "bootstrap_server_address", KEY)?
+        .map(|s| HostPort::parse(KEY, s))
+        .transpose()
 }
 
 /// The `VLLM_MOONCAKE_*` and `VLLM_HOST_IP` environment variables.
@@ -318,10 +340,36 @@ impl Default for ConnectorEnv {
     }
 }
 
+/// The process environment: the one place in this package that reads it
+/// (`tests/knob_table.rs` checks that). Every variable is named in this file
+/// and listed in README's "Environment variables" table.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// `MOONCAKE_BOOTSTRAP_TOKEN` through `get`; empty means unset.
+fn bootstrap_token(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    get("MOONCAKE_BOOTSTRAP_TOKEN").filter(|t| !t.is_empty())
+}
+
+/// `MOONCAKE_BOOTSTRAP_TOKEN` from the process environment (`None` when
+/// unset or empty): the registration secret the bootstrap server and
+/// client use when not given one explicitly.
+pub fn bootstrap_token_from_env() -> Option<String> {
+    bootstrap_token(process_env)
+}
+
+/// `OPENAI_API_KEY` from the process environment: the example proxy sends
+/// it as `Authorization: Bearer` to both legs of a request, as vLLM's proxy
+/// does (unset: no header). Read per request.
+pub fn openai_api_key_from_env() -> Option<String> {
+    process_env("OPENAI_API_KEY")
+}
+
 impl ConnectorEnv {
     /// Reads the process environment.
     pub fn from_env() -> Result<Self, ConnectorError> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        Self::from_lookup(process_env)
     }
 
     /// Reads variables through `get` (tests pass a map).
@@ -384,7 +432,7 @@ impl ConnectorEnv {
         if let Some(v) = get("MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT") {
             e.bootstrap_query_timeout = secs("MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT", &v)?;
         }
-        e.bootstrap_token = get("MOONCAKE_BOOTSTRAP_TOKEN").filter(|t| !t.is_empty());
+        e.bootstrap_token = bootstrap_token(&get);
         e.host_ip = match get("VLLM_HOST_IP") {
             Some(ip) if !ip.trim().is_empty() => {
                 let ip = ip.trim().to_string();
@@ -554,5 +602,15 @@ mod tests {
             let err = env(&[(k, v)]).unwrap_err();
             assert!(err.to_string().contains(k), "{k}={v}: {err}");
         }
+    }
+
+    #[test]
+    fn an_empty_bootstrap_token_is_no_token() {
+        let get = |v: &'static str| {
+            move |k: &str| (k == "MOONCAKE_BOOTSTRAP_TOKEN").then(|| v.to_string())
+        };
+        assert_eq!(bootstrap_token(get("")), None);
+        assert_eq!(bootstrap_token(get("s3cret")).as_deref(), Some("s3cret"));
+        assert_eq!(bootstrap_token(|_: &str| None), None);
     }
 }

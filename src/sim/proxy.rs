@@ -275,7 +275,7 @@ async fn forward(
     let leg = Leg {
         path,
         request_id: &request_id,
-        auth: std::env::var("OPENAI_API_KEY").ok(),
+        auth: crate::connector::config::openai_api_key_from_env(),
     };
     spawn_prefill_leg(&s, &slot, &leg, prefill_body(&body, &transfer_id));
 

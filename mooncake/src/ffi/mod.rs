@@ -11,11 +11,13 @@
 //!   to registered memory sound even when a batch is leaked.
 
 mod engine;
+mod env;
 mod gpu;
 mod log;
 mod memory;
 
 pub(crate) use engine::{engine_version, OwnedCString, RawEngine, RequestBuf};
+pub(crate) use env::env_overrides;
 pub(crate) use gpu::{dmabuf_export as gpu_dmabuf_export, query as gpu_query, DeviceAlloc};
 pub(crate) use log::install_log_sink;
 pub(crate) use memory::{device_copy_in, device_copy_out};

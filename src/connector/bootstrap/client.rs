@@ -2,7 +2,8 @@
 //! schedule.
 use std::time::Duration;
 
-use super::{QueryTable, RegisterRequest, TOKEN_ENV};
+use super::{QueryTable, RegisterRequest};
+use crate::connector::config::bootstrap_token_from_env;
 use crate::connector::error::{ConnectorError, ConnectorErrorCode};
 
 /// When and how often a bootstrap call is retried.
@@ -64,7 +65,7 @@ impl BootstrapClient {
             http,
             timeout,
             retry,
-            token: std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()),
+            token: bootstrap_token_from_env(),
         }
     }
 

@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use super::table::{Outcome, ServerState, Table};
 use super::validate::{conflict, parse_register, parse_side_channel, validate, Refusal};
 use super::{ExpectedTopology, QueryTable, MAX_BODY, TOKEN_ENV};
+use crate::connector::config::bootstrap_token_from_env;
 use crate::connector::error::{ConnectorError, ConnectorErrorCode};
 
 fn detail(status: StatusCode, msg: impl Into<String>) -> Response {
@@ -175,8 +176,7 @@ impl BootstrapServer {
         bind: SocketAddr,
         expected: Option<ExpectedTopology>,
     ) -> Result<Self, ConnectorError> {
-        let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
-        Self::start_with_token(bind, expected, token).await
+        Self::start_with_token(bind, expected, bootstrap_token_from_env()).await
     }
 
     /// As [`start`](Self::start), with an explicit registration token

@@ -148,22 +148,26 @@ fn lax_int(v: &serde_json::Value) -> Result<i64, (&'static str, &'static str)> {
     }
 }
 
+/// A refusal of a `/register` body: the status and the JSON answer.
+type Rejection = (u16, serde_json::Value);
+type Json = serde_json::Value;
+
+/// The integer fields of a `/register` body, in pydantic's order, and
+/// whether each is required.
+const INT_FIELDS: [(&str, bool); 6] = [
+    ("dp_rank", true),
+    ("tp_rank", true),
+    ("pp_rank", true),
+    ("tp_size", false),
+    ("pp_size", false),
+    ("dp_size", false),
+];
+
 /// Parses a `/register` body as vLLM's pydantic model would: Err is the
 /// status and the JSON answer (422 in FastAPI's shape, or 400 for ranks and
-/// sizes out of range).
-// Long on purpose: it walks the fields as pydantic does, collecting every
-// error before answering, which splits poorly.
-pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, (u16, serde_json::Value)> {
-    let v: serde_json::Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => {
-            return Err((
-                422,
-                json!({"detail": [{"type": "json_invalid", "loc": ["body", e.column()],
-                    "msg": "JSON decode error", "input": {}, "ctx": {"error": e.to_string()}}]}),
-            ))
-        }
-    };
+/// sizes out of range). Every field error is collected before answering.
+pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, Rejection> {
+    let v = decode_body(body)?;
     let Some(obj) = v.as_object() else {
         return Err((
             422,
@@ -172,66 +176,13 @@ pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, (u16, serde_json::
         ));
     };
     let mut errors = Vec::new();
-    let mut string = |key: &str| match obj.get(key) {
-        None => {
-            errors.push(field_error("missing", &[json!(key)], "Field required", &v));
-            String::new()
-        }
-        Some(serde_json::Value::String(s)) => s.clone(),
-        Some(other) => {
-            errors.push(field_error(
-                "string_type",
-                &[json!(key)],
-                "Input should be a valid string",
-                other,
-            ));
-            String::new()
-        }
-    };
-    let engine_id = string("engine_id");
-    let addr = string("addr");
-    let mut ints: Vec<Option<i64>> = Vec::new();
-    for (key, required) in [
-        ("dp_rank", true),
-        ("tp_rank", true),
-        ("pp_rank", true),
-        ("tp_size", false),
-        ("pp_size", false),
-        ("dp_size", false),
-    ] {
-        ints.push(match obj.get(key) {
-            None | Some(serde_json::Value::Null) if !required => None,
-            None => {
-                errors.push(field_error("missing", &[json!(key)], "Field required", &v));
-                None
-            }
-            Some(x) => match lax_int(x) {
-                Ok(i) => Some(i),
-                Err((kind, msg)) => {
-                    errors.push(field_error(kind, &[json!(key)], msg, x));
-                    None
-                }
-            },
-        });
-    }
+    let engine_id = string_field(obj, "engine_id", &v, &mut errors);
+    let addr = string_field(obj, "addr", &v, &mut errors);
+    let ints = INT_FIELDS.map(|(key, required)| int_field(obj, key, required, &v, &mut errors));
     if !errors.is_empty() {
         return Err((422, json!({ "detail": errors })));
     }
-    let names = [
-        "dp_rank", "tp_rank", "pp_rank", "tp_size", "pp_size", "dp_size",
-    ];
-    let mut vals = [None; 6];
-    for (i, x) in ints.into_iter().enumerate() {
-        vals[i] = match x {
-            None => None,
-            Some(n) => Some(u32::try_from(n).map_err(|_| {
-                (
-                    400,
-                    json!({"detail": format!("{}={n} is out of range", names[i])}),
-                )
-            })?),
-        };
-    }
+    let vals = ranks_in_range(ints)?;
     Ok(RegisterRequest {
         engine_id,
         dp_rank: vals[0].unwrap_or(0),
@@ -242,4 +193,84 @@ pub fn parse_register(body: &[u8]) -> Result<RegisterRequest, (u16, serde_json::
         pp_size: vals[4],
         dp_size: vals[5],
     })
+}
+
+/// The body as JSON, or FastAPI's `json_invalid` answer.
+fn decode_body(body: &[u8]) -> Result<Json, Rejection> {
+    serde_json::from_slice(body).map_err(|e| {
+        (
+            422,
+            json!({"detail": [{"type": "json_invalid", "loc": ["body", e.column()],
+                "msg": "JSON decode error", "input": {}, "ctx": {"error": e.to_string()}}]}),
+        )
+    })
+}
+
+/// A required string field; a missing or non-string one adds its error
+/// (the whole body `v` is the input of a "missing" error, as in pydantic).
+fn string_field(
+    obj: &serde_json::Map<String, Json>,
+    key: &str,
+    v: &Json,
+    errors: &mut Vec<Json>,
+) -> String {
+    match obj.get(key) {
+        None => {
+            errors.push(field_error("missing", &[json!(key)], "Field required", v));
+            String::new()
+        }
+        Some(Json::String(s)) => s.clone(),
+        Some(other) => {
+            errors.push(field_error(
+                "string_type",
+                &[json!(key)],
+                "Input should be a valid string",
+                other,
+            ));
+            String::new()
+        }
+    }
+}
+
+/// An integer field taken leniently ([`lax_int`]); `None` when an optional
+/// one is absent or null, or when it adds an error.
+fn int_field(
+    obj: &serde_json::Map<String, Json>,
+    key: &str,
+    required: bool,
+    v: &Json,
+    errors: &mut Vec<Json>,
+) -> Option<i64> {
+    match obj.get(key) {
+        None | Some(Json::Null) if !required => None,
+        None => {
+            errors.push(field_error("missing", &[json!(key)], "Field required", v));
+            None
+        }
+        Some(x) => match lax_int(x) {
+            Ok(i) => Some(i),
+            Err((kind, msg)) => {
+                errors.push(field_error(kind, &[json!(key)], msg, x));
+                None
+            }
+        },
+    }
+}
+
+/// The integer fields as `u32`; the first that does not fit is a 400
+/// naming it.
+fn ranks_in_range(ints: [Option<i64>; 6]) -> Result<[Option<u32>; 6], Rejection> {
+    let mut vals = [None; 6];
+    for (i, x) in ints.into_iter().enumerate() {
+        vals[i] = match x {
+            None => None,
+            Some(n) => Some(u32::try_from(n).map_err(|_| {
+                (
+                    400,
+                    json!({"detail": format!("{}={n} is out of range", INT_FIELDS[i].0)}),
+                )
+            })?),
+        };
+    }
+    Ok(vals)
 }
