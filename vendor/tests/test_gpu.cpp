@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/config.h"
@@ -225,38 +226,70 @@ int gpu_peer_main(int argc, char **argv) {
 
 namespace {
 
+// A peer process (this binary, --gpu-peer) with a GPU buffer of `max`
+// bytes on `device` filled with random_bytes(max, 4242); it checks ranges
+// of its buffer on request and exits on `quit`.
+struct GpuPeer {
+    pid_t pid = 0;
+    FILE *in = nullptr, *out = nullptr;
+    std::string segment;
+    uint64_t remote = 0;
+
+    GpuPeer(size_t max, int device) {
+        int to_child[2], from_child[2];
+        REQUIRE(pipe(to_child) == 0 && pipe(from_child) == 0);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
+        posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
+        posix_spawn_file_actions_addclose(&fa, to_child[1]);
+        posix_spawn_file_actions_addclose(&fa, from_child[0]);
+        std::string size_s = std::to_string(max), dev_s = std::to_string(device);
+        char *args[] = {const_cast<char *>("engine_tests"), const_cast<char *>("--gpu-peer"), &size_s[0],
+                        const_cast<char *>("4242"), &dev_s[0], nullptr};
+        REQUIRE(posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, environ) == 0);
+        posix_spawn_file_actions_destroy(&fa);
+        close(to_child[0]);
+        close(from_child[1]);
+        in = fdopen(from_child[0], "r");
+        out = fdopen(to_child[1], "w");
+        char line[512] = {0};
+        REQUIRE(std::fgets(line, sizeof line, in) != nullptr);
+        char seg_name[256];
+        unsigned long long addr = 0;
+        REQUIRE(std::sscanf(line, "READY %255s %llu", seg_name, &addr) == 2);
+        segment = seg_name;
+        remote = addr;
+    }
+    // Whether the peer's bytes [off, off+len) are random_bytes(len, seed).
+    bool holds(size_t off, size_t len, uint32_t seed) {
+        std::fprintf(out, "check %zu %zu %u\n", off, len, seed);
+        std::fflush(out);
+        char line[64] = {0};
+        return std::fgets(line, sizeof line, in) != nullptr && std::string(line) == "OK\n";
+    }
+    ~GpuPeer() {
+        std::fprintf(out, "quit\n");
+        std::fflush(out);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        fclose(in);
+        fclose(out);
+    }
+};
+
 // A peer process with a GPU buffer of `max` bytes on `peer_device`, read
 // and written over the same-host path from a buffer on `my_device`.
 template <size_t N>
 void two_process_ipc(int peer_device, int my_device, size_t max, const size_t (&sizes)[N]) {
-    int to_child[2], from_child[2];
-    REQUIRE(pipe(to_child) == 0 && pipe(from_child) == 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
-    posix_spawn_file_actions_addclose(&fa, to_child[1]);
-    posix_spawn_file_actions_addclose(&fa, from_child[0]);
-    std::string size_s = std::to_string(max), dev_s = std::to_string(peer_device);
-    char *args[] = {const_cast<char *>("engine_tests"), const_cast<char *>("--gpu-peer"), &size_s[0],
-                    const_cast<char *>("4242"), &dev_s[0], nullptr};
-    pid_t pid = 0;
-    REQUIRE(posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, args, environ) == 0);
-    close(to_child[0]);
-    close(from_child[1]);
-    FILE *in = fdopen(from_child[0], "r");
-    FILE *out = fdopen(to_child[1], "w");
-    char line[512] = {0};
-    REQUIRE(std::fgets(line, sizeof line, in) != nullptr);
-    char seg_name[256];
-    unsigned long long remote = 0;
-    REQUIRE(std::sscanf(line, "READY %255s %llu", seg_name, &remote) == 2);
-
+    GpuPeer peer(max, peer_device);
+    const uint64_t remote = peer.remote;
     transfer_engine_t e = make_engine();
     REQUIRE(e);
     DeviceBuf mine(max, my_device);
     REQUIRE_EQ(registerLocalMemory(e, mine.ptr, max, "*", 1), 0);
-    segment_id_t seg = openSegment(e, seg_name);
+    segment_id_t seg = openSegment(e, peer.segment.c_str());
     REQUIRE(seg > 0);
     auto expect = random_bytes(max, 4242);
     for (size_t sz : sizes) {
@@ -270,24 +303,22 @@ void two_process_ipc(int peer_device, int my_device, size_t max, const size_t (&
     auto w = random_bytes(16u << 20, 777);
     mine.upload(w);
     CHECK_EQ(one_transfer(e, OPCODE_WRITE, mine.ptr, seg, remote + 4096, w.size()), STATUS_COMPLETED);
-    std::fprintf(out, "check 4096 %zu 777\n", w.size());
-    std::fflush(out);
-    REQUIRE(std::fgets(line, sizeof line, in) != nullptr);
-    CHECK_EQ(std::string(line), std::string("OK\n"));
+    CHECK(peer.holds(4096, w.size(), 777));
     mc_engine_counters_t c{};
     mc_engine_get_counters(e, &c);
     CHECK_EQ(c.ipc_copies, N + 1);
     CHECK_EQ(c.tcp_requests_sent, 0u);
     // Out of the advertised buffer: refused before any copy.
     CHECK_EQ(one_transfer(e, OPCODE_READ, mine.ptr, seg, remote + max - 8, 16), STATUS_FAILED);
-    std::fprintf(out, "quit\n");
-    std::fflush(out);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    fclose(in);
-    fclose(out);
     destroyTransferEngine(e);
+}
+
+// Every other 32 KiB block of the first `blocks`, as one batch.
+std::vector<transfer_request> scattered(int op, char *local, segment_id_t seg, uint64_t remote, size_t blocks) {
+    const size_t blk = 32768;
+    std::vector<transfer_request> r;
+    for (size_t b = 0; b < blocks; b += 2) r.push_back(transfer_request{op, local + b * blk, seg, remote + b * blk, blk});
+    return r;
 }
 
 }  // namespace
@@ -295,6 +326,64 @@ void two_process_ipc(int peer_device, int my_device, size_t max, const size_t (&
 TEST(gpu_two_processes_same_gpu_use_cuda_ipc) {
     if (!gpu_lane("gpu_two_processes_same_gpu_use_cuda_ipc")) return;
     two_process_ipc(0, 0, 64u << 20, kSizes);
+}
+
+// Two engines of one process (one per TP rank) pull from the same peer
+// allocation at once, each with a scattered first batch that its IPC
+// workers map concurrently: the process maps the allocation once, both
+// engines copy every block through it (no TCP), and the mapping outlives
+// the first engine that lets go of it.
+TEST(gpu_two_engines_one_process_share_a_peer_mapping) {
+    if (!gpu_lane("gpu_two_engines_one_process_share_a_peer_mapping")) return;
+    const size_t max = 64u << 20, blocks = 2048, blk = 32768;
+    GpuPeer peer(max, 0);
+    transfer_engine_t e[2] = {make_engine(), make_engine()};
+    REQUIRE(e[0] && e[1]);
+    DeviceBuf mine0(max, 0), mine1(max, 0);
+    DeviceBuf *mine[2] = {&mine0, &mine1};
+    segment_id_t seg[2];
+    for (int k = 0; k < 2; ++k) {
+        REQUIRE_EQ(registerLocalMemory(e[k], mine[k]->ptr, max, "*", 1), 0);
+        REQUIRE_EQ(mc_gpu_memset(0, mine[k]->ptr, 0x11, max), 0);
+        seg[k] = openSegment(e[k], peer.segment.c_str());
+        REQUIRE(seg[k] > 0);
+    }
+    std::vector<int> st[2];
+    std::thread t1([&] { st[1] = run_batch(e[1], scattered(OPCODE_READ, mine1.at(0), seg[1], peer.remote, blocks), 60000); });
+    st[0] = run_batch(e[0], scattered(OPCODE_READ, mine0.at(0), seg[0], peer.remote, blocks), 60000);
+    t1.join();
+    auto expect = random_bytes(max, 4242);
+    for (int k = 0; k < 2; ++k) {
+        REQUIRE_EQ(st[k].size(), blocks / 2);
+        CHECK(std::all_of(st[k].begin(), st[k].end(), [](int s) { return s == STATUS_COMPLETED; }));
+        auto got = mine[k]->download(0, blocks * blk);
+        for (size_t b = 0; b < blocks; ++b) {
+            if (b % 2 == 0) CHECK(std::memcmp(got.data() + b * blk, expect.data() + b * blk, blk) == 0);
+            else CHECK_EQ(got[b * blk], static_cast<char>(0x11));
+        }
+        mc_engine_counters_t c{};
+        mc_engine_get_counters(e[k], &c);
+        CHECK_EQ(c.ipc_copies, blocks / 2);
+        CHECK_EQ(c.tcp_requests_sent, 0u);
+    }
+    // The first engine goes; the second still writes through the mapping.
+    destroyTransferEngine(e[0]);
+    auto w = random_bytes(blocks * blk, 99);
+    mine1.upload(w);
+    auto ws = run_batch(e[1], scattered(OPCODE_WRITE, mine1.at(0), seg[1], peer.remote, blocks), 60000);
+    CHECK(std::all_of(ws.begin(), ws.end(), [](int s) { return s == STATUS_COMPLETED; }));
+    REQUIRE_EQ(mc_gpu_memset(0, mine1.ptr, 0x22, max), 0);
+    auto rs = run_batch(e[1], scattered(OPCODE_READ, mine1.at(0), seg[1], peer.remote, blocks), 60000);
+    CHECK(std::all_of(rs.begin(), rs.end(), [](int s) { return s == STATUS_COMPLETED; }));
+    auto back = mine1.download(0, blocks * blk);
+    for (size_t b = 0; b < blocks; b += 2) CHECK(std::memcmp(back.data() + b * blk, w.data() + b * blk, blk) == 0);
+    mine1.upload(random_bytes(blk, 5));
+    CHECK_EQ(one_transfer(e[1], OPCODE_WRITE, mine1.ptr, seg[1], peer.remote + 2 * blk, blk), STATUS_COMPLETED);
+    CHECK(peer.holds(2 * blk, blk, 5));
+    mc_engine_counters_t c{};
+    mc_engine_get_counters(e[1], &c);
+    CHECK_EQ(c.tcp_requests_sent, 0u);
+    destroyTransferEngine(e[1]);
 }
 
 TEST(gpu_two_processes_two_gpus_use_cuda_ipc) {

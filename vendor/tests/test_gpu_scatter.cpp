@@ -87,6 +87,54 @@ TEST(gpu_copy_many_scattered_and_adjacent_pieces) {
     CHECK(dst.download(blk, blk) == std::vector<char>(data.begin() + 3 * blk, data.begin() + 4 * blk));
 }
 
+// Pieces the gather kernel takes (16-byte aligned, up to 1 MiB) mixed with
+// ones it leaves to the copy calls (unaligned, odd lengths, over 1 MiB),
+// more pieces than the kernel has blocks (it strides), and a second larger
+// batch that grows its piece table: every piece lands, every gap keeps its
+// poison.
+TEST(gpu_gather_kernel_mixed_pieces) {
+    if (!gpu_lane("gpu_gather_kernel_mixed_pieces")) return;
+    const size_t n = 96u << 20;
+    DeviceBuf src(n), dst(n);
+    auto data = pattern(n, 11);
+    src.upload(data);
+    for (size_t round = 0; round < 2; ++round) {
+        REQUIRE_EQ(mc_gpu_memset(0, dst.ptr, 0x5A, n), 0);
+        std::vector<mcrs::gpu::CopyPiece> pieces;
+        size_t at = 0;
+        auto piece = [&](size_t len, size_t gap) {
+            pieces.push_back({dst.at(at), 0, src.at(at), 0, len});
+            at += len + gap;
+        };
+        // Many tiny pieces: more than the kernel's 16,384 blocks; round 2
+        // outgrows the piece table of round 1.
+        const size_t tiny = round == 0 ? 20000 : 60000;
+        for (size_t i = 0; i < tiny; ++i) piece(16, 16);
+        for (size_t i = 0; i < 300; ++i) piece(4096, 4096);
+        for (size_t i = 0; i < 40; ++i) piece(32768 + 16 * i, 48);
+        piece(1u << 20, 16);               // the largest the kernel takes
+        piece((1u << 20) + 16, 16);        // one step over: a copy call
+        piece(999, 1);                     // odd length
+        at += 3;                           // unaligned on both sides
+        piece(4096, 13);
+        piece(8u << 20, 64);               // large
+        REQUIRE(at <= n);
+        mcrs::gpu::copy_many(pieces.data(), pieces.size());
+        auto got = dst.download(0, n);
+        size_t end = 0;
+        bool bytes_ok = true, gaps_ok = true;
+        for (const auto &p : pieces) {
+            const size_t off = static_cast<size_t>(static_cast<char *>(p.dst) - dst.at(0));
+            for (size_t g = end; g < off; ++g) gaps_ok = gaps_ok && got[g] == static_cast<char>(0x5A);
+            bytes_ok = bytes_ok && std::memcmp(got.data() + off, data.data() + off, p.n) == 0;
+            end = off + p.n;
+        }
+        CHECK(bytes_ok);
+        CHECK(gaps_ok);
+        CHECK_EQ(got[end], static_cast<char>(0x5A));
+    }
+}
+
 TEST(gpu_scattered_blocks_over_tcp_in_staged_batches) {
     if (!gpu_lane("gpu_scattered_blocks_over_tcp_in_staged_batches")) return;
     // Two engines in one process (same pid: TCP, never IPC). One batch

@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "common/log.h"
+#include "gpu/gather_kernel.h"
 
 // cuda.h (from the toolkit or runtime package the build uses) says which
 // runtime is linked; the batched call exists from 12.8 on.
@@ -42,8 +43,53 @@ bool unsupported(cudaError_t e) {
 
 }  // namespace
 
-cudaError_t enqueue_copies(cudaStream_t stream, void **dst, const void **src, size_t *len, size_t n) {
+namespace {
+
+// Small device-to-device pieces through the gather kernel, the rest left
+// in place (compacted to the front) for the copy calls. Returns the number
+// left.
+size_t gather_small(cudaStream_t stream, int device, void **dst, const void **src, size_t *len, size_t n,
+                    cudaError_t &e) {
+    thread_local std::vector<void *> kd;
+    thread_local std::vector<const void *> ks;
+    thread_local std::vector<size_t> kl;
+    kd.clear();
+    ks.clear();
+    kl.clear();
+    for (size_t i = 0; i < n; ++i) {
+        if (!gather_eligible(dst[i], src[i], len[i])) continue;
+        kd.push_back(dst[i]);
+        ks.push_back(src[i]);
+        kl.push_back(len[i]);
+    }
+    if (kd.size() < 2) return n;  // one piece: a plain copy is as fast
+    e = launch_gather(stream, device, kd.data(), ks.data(), kl.data(), kd.size());
+    if (e == cudaErrorNotSupported) {
+        e = cudaSuccess;
+        return n;
+    }
+    if (e != cudaSuccess) return 0;
+    size_t left = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (gather_eligible(dst[i], src[i], len[i])) continue;
+        dst[left] = dst[i];
+        src[left] = src[i];
+        len[left] = len[i];
+        ++left;
+    }
+    return left;
+}
+
+}  // namespace
+
+cudaError_t enqueue_copies(cudaStream_t stream, void **dst, const void **src, size_t *len, size_t n,
+                           int gather_device) {
     if (n == 0) return cudaSuccess;
+    if (gather_device >= 0 && n > 1) {
+        cudaError_t e = cudaSuccess;
+        n = gather_small(stream, gather_device, dst, src, len, n, e);
+        if (e != cudaSuccess || n == 0) return e;
+    }
 #if MC_HAVE_MEMCPY_BATCH
     if (n > 1 && g_batch_api.load(std::memory_order_relaxed) != 0) {
         cudaError_t e = batched(stream, dst, src, len, n);
@@ -101,8 +147,8 @@ bool CopyBatch::add(void *dst, const void *src, size_t n) {
     return true;
 }
 
-cudaError_t CopyBatch::flush(cudaStream_t stream) {
-    cudaError_t e = enqueue_copies(stream, dst_.data(), src_.data(), len_.data(), len_.size());
+cudaError_t CopyBatch::flush(cudaStream_t stream, int gather_device) {
+    cudaError_t e = enqueue_copies(stream, dst_.data(), src_.data(), len_.data(), len_.size(), gather_device);
     clear();
     return e;
 }

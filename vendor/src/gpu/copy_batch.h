@@ -19,8 +19,12 @@ namespace gpu {
 // cudaMemcpyBatchAsync (runtime 12.8+ and a driver that has it) or one
 // cudaMemcpyAsync each. Copies of one call may run in any order: callers
 // never pass copies that depend on each other (CopyBatch splits them).
-// Pointers are device or pinned host memory. Nothing waits.
-cudaError_t enqueue_copies(cudaStream_t stream, void **dst, const void **src, size_t *len, size_t n);
+// Pointers are device or pinned host memory. With `gather_device` >= 0
+// (every pointer is device memory that GPU can address, `stream` is one of
+// its streams) small aligned pieces go as one gather-kernel launch instead
+// (gather_kernel.h). Reorders the arrays. Nothing waits.
+cudaError_t enqueue_copies(cudaStream_t stream, void **dst, const void **src, size_t *len, size_t n,
+                           int gather_device = -1);
 
 // Copies gathered for enqueue_copies. A copy that continues the previous
 // one on both sides extends it; a copy that depends on a gathered one (it
@@ -36,7 +40,7 @@ public:
         ex_hi_ = ex_lo_ + n;
     }
     bool add(void *dst, const void *src, size_t n);
-    cudaError_t flush(cudaStream_t stream);
+    cudaError_t flush(cudaStream_t stream, int gather_device = -1);
     void clear();  // drops what is gathered
     bool empty() const { return len_.empty(); }
     size_t bytes() const { return bytes_; }

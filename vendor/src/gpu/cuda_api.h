@@ -98,6 +98,21 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int s
                                 cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize(void);
 
+// Kernels from PTX text (runtime 12.0 and later; see gather_kernel.cpp).
+// Enum arguments are passed as int-sized values; only null/zero counts are
+// used.
+typedef struct CUlib_st *cudaLibrary_t;
+typedef struct CUkern_st *cudaKernel_t;
+struct dim3 {
+    unsigned int x, y, z;
+};
+cudaError_t cudaLibraryLoadData(cudaLibrary_t *library, const void *code, int *jitOptions, void **jitOptionsValues,
+                                unsigned int numJitOptions, int *libraryOptions, void **libraryOptionValues,
+                                unsigned int numLibraryOptions);
+cudaError_t cudaLibraryGetKernel(cudaKernel_t *kernel, cudaLibrary_t library, const char *name);
+cudaError_t cudaLaunchKernel(const void *func, struct dim3 gridDim, struct dim3 blockDim, void **args,
+                             size_t sharedMem, cudaStream_t stream);
+
 // Batched copies (runtime 12.8 and later, see copy_batch.cpp; the driver
 // must support them too, else the call fails and the engine copies one by
 // one). The

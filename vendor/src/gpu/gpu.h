@@ -126,7 +126,8 @@ struct IpcExport {
 bool ipc_export(const void *ptr, IpcExport &out, std::string &err);
 // Maps a peer's allocation (on `device` when this process sees that GPU,
 // else on GPU 0); returns its base and the GPU it is mapped on, or nullptr
-// with `err`.
+// with `err`. A process maps an allocation once: opening a handle it holds
+// returns the same base and counts; each successful open needs an ipc_close.
 void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, std::string &err);
 void ipc_close(void *base, int device);
 

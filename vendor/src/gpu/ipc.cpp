@@ -2,6 +2,8 @@
 // allocation behind a registered buffer, a peer process maps it and copies
 // with the copy engines, without the network.
 #include <cstdio>
+#include <map>
+#include <mutex>
 
 #include "gpu/cuda_api.h"
 #include "gpu/gpu.h"
@@ -61,6 +63,27 @@ bool ipc_export(const void *ptr, IpcExport &out, std::string &err) {
     return true;
 }
 
+namespace {
+
+// A process maps a peer allocation once: the driver refuses a second
+// cudaIpcOpenMemHandle of a handle this process holds open ("resource
+// already mapped"), and two engines of one process (one per TP rank) or
+// two workers of one engine reach for the same decode cache. Opens are
+// serialized (they take milliseconds and happen once per allocation);
+// each holder counts, and the last close unmaps.
+struct OpenMapping {
+    void *base;
+    int device;
+    int holders;
+};
+std::mutex g_open_mu;
+std::map<std::string, OpenMapping> &open_mappings() {
+    static auto *m = new std::map<std::string, OpenMapping>();  // outlives static destructors
+    return *m;
+}
+
+}  // namespace
+
 void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, std::string &err) {
     if (!status().usable) {
         err = status().reason;
@@ -71,10 +94,17 @@ void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, st
         err = "malformed CUDA IPC handle";
         return nullptr;
     }
+    std::lock_guard<std::mutex> g(g_open_mu);
+    auto &open = open_mappings();
+    auto it = open.find(handle_hex);
+    if (it != open.end()) {
+        ++it->second.holders;
+        mapped_device = it->second.device;
+        return it->second.base;
+    }
     // Map on a local GPU: the peer's device when we have it, else ours.
     int local = device >= 0 && device < status().device_count ? device : 0;
     cudaSetDevice(local);
-    mapped_device = local;
     void *p = nullptr;
     cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess) {
@@ -82,11 +112,21 @@ void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, st
         err = std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(e);
         return nullptr;
     }
+    open.emplace(handle_hex, OpenMapping{p, local, 1});
+    mapped_device = local;
     return p;
 }
 
 void ipc_close(void *base, int device) {
     if (!base || !status().usable) return;
+    std::lock_guard<std::mutex> g(g_open_mu);
+    auto &open = open_mappings();
+    for (auto it = open.begin(); it != open.end(); ++it) {
+        if (it->second.base != base) continue;
+        if (--it->second.holders > 0) return;
+        open.erase(it);
+        break;
+    }
     cudaSetDevice(device >= 0 ? device : 0);
     cudaIpcCloseMemHandle(base);
 }

@@ -163,16 +163,19 @@ void copy_many(const CopyPiece *p, size_t count) {
     cudaError_t e = cudaSuccess;
     cudaStream_t stream = one_device ? batch_stream(run[0].dst_device) : nullptr;
     if (stream) {
+        // Every piece is on one GPU: small ones may go through the gather
+        // kernel (copy_batch.h).
+        const int device = run[0].dst_device;
         // As few batched calls as order allows: a piece that depends on an
         // earlier one (same bytes written, or read after a write) starts
         // a new call, queued after the previous one on the stream.
         thread_local CopyBatch batch;
         for (size_t i = 0; i < run.size() && e == cudaSuccess; ++i) {
             if (batch.add(run[i].dst, run[i].src, run[i].n)) continue;
-            e = batch.flush(stream);
+            e = batch.flush(stream, device);
             batch.add(run[i].dst, run[i].src, run[i].n);
         }
-        if (e == cudaSuccess) e = batch.flush(stream);
+        if (e == cudaSuccess) e = batch.flush(stream, device);
         batch.clear();
     } else {
         stream = cudaStreamPerThread;

@@ -115,7 +115,33 @@ void IpcTransport::work() {
             job.fallback(one);
             continue;
         }
-        copy(job.item, job.target, base, mapped_device);
+        // The first submission into a fresh mapping queued all its items
+        // here: copy every queued item whose allocation is now mapped as
+        // one batch (one pass over the queue), not one copy and wait each.
+        std::vector<TransferItem> items;
+        std::vector<IpcTarget> targets;
+        std::vector<std::pair<char *, int>> bases;
+        items.push_back(std::move(job.item));
+        targets.push_back(std::move(job.target));
+        bases.emplace_back(base, mapped_device);
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            std::deque<Job> unmapped;
+            for (auto &j : jobs_) {
+                auto m = mappings_.find(j.target.handle);
+                if (m == mappings_.end()) {
+                    unmapped.push_back(std::move(j));
+                    continue;
+                }
+                items.push_back(std::move(j.item));
+                targets.push_back(std::move(j.target));
+                bases.emplace_back(static_cast<char *>(m->second.base), m->second.device);
+            }
+            jobs_.swap(unmapped);
+        }
+        std::vector<size_t> idx(items.size());
+        for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+        copy_batch(items, targets, idx, bases);
     }
 }
 
@@ -144,20 +170,6 @@ void IpcTransport::copy_batch(std::vector<TransferItem> &items, const std::vecto
     for (size_t k : idx) {
         if (err.empty()) items[k].complete();
         else items[k].fail("same-host GPU copy failed: " + err);
-    }
-}
-
-void IpcTransport::copy(TransferItem &it, const IpcTarget &t, char *base, int mapped_device) {
-    // The engine checked that the range lies inside the advertised buffer.
-    char *remote = base + t.ipc_offset + (it.remote_addr - t.buffer_addr);
-    try {
-        int local_device = it.local_device();
-        if (it.opcode == 1) gpu::copy_between(remote, mapped_device, it.local, local_device, it.length);
-        else gpu::copy_between(it.local, local_device, remote, mapped_device, it.length);
-        copies_.fetch_add(1, std::memory_order_relaxed);
-        it.complete();
-    } catch (const Error &e) {
-        it.fail(std::string("same-host GPU copy failed: ") + e.what());
     }
 }
 

@@ -5,7 +5,8 @@
 // Copies into allocations that are already mapped run on the submitting
 // thread, like local copies: at GPU speeds a 64 MiB copy takes ~40 us, about
 // what handing it to a worker and back costs. Workers open new mappings
-// (cudaIpcOpenMemHandle takes milliseconds) and copy after them.
+// (cudaIpcOpenMemHandle takes milliseconds) and copy what was queued for
+// them in one batch.
 #pragma once
 
 #include <atomic>
@@ -59,8 +60,8 @@ private:
     };
     void work();
     void *map(const IpcTarget &t, int &mapped_device, std::string &err);
-    void copy(TransferItem &it, const IpcTarget &t, char *base, int mapped_device);
-    // The already-mapped items `idx` of a submission, as one batched copy.
+    // The items `idx` (their allocations mapped at `bases`), as one batched
+    // copy.
     void copy_batch(std::vector<TransferItem> &items, const std::vector<IpcTarget> &targets,
                     const std::vector<size_t> &idx, const std::vector<std::pair<char *, int>> &bases);
 
