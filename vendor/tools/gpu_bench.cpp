@@ -291,113 +291,129 @@ int kv_main(char *self, int argc, char **argv) {
     return 0;
 }
 
+// The buffers and ceilings every row of the 64 MiB table shares.
+struct Bench {
+    char *self;
+    size_t n;
+    int iters;
+    void *d0, *d1, *h0, *h1;
+    double c_d2d, c_h2d, c_d2h, c_h2h;
+    transfer_engine_t e;
+    std::vector<Row> rows;
+
+    double local(void *dst, void *src) {
+        return measure(n, iters, [&] { transfer(e, OPCODE_READ, dst, LOCAL_SEGMENT, reinterpret_cast<uint64_t>(src), n, 1); });
+    }
+    double remote(int op, void *mine, segment_id_t seg, uint64_t addr, int rounds, size_t chunks) {
+        return measure(n, rounds, [&] { transfer(e, op, mine, seg, addr, n, chunks); });
+    }
+};
+
+void local_rows(Bench &b) {
+    b.rows.push_back({"engine local GPU->GPU", b.local(b.d1, b.d0), "cudaMemcpy D2D", b.c_d2d});
+    b.rows.push_back({"engine local host->GPU", b.local(b.d0, b.h0), "cudaMemcpy pinned H2D", b.c_h2d});
+    b.rows.push_back({"engine local GPU->host", b.local(b.h0, b.d0), "cudaMemcpy pinned D2H", b.c_d2h});
+}
+
+// Same-host path: a peer process with a GPU buffer (on GPU 1 too when
+// there are two).
+void ipc_rows(Bench &b, int device_count) {
+    {
+        Peer peer(b.self, b.n, 0);
+        segment_id_t ps = openSegment(b.e, peer.segment.c_str());
+        if (ps < 0) die("openSegment (peer)");
+        double c_map_r = ipc_mapping_ceiling(peer.handle, b.d1, b.n, b.iters, false);
+        double c_map_w = ipc_mapping_ceiling(peer.handle, b.d1, b.n, b.iters, true);
+        double r = b.remote(OPCODE_READ, b.d1, ps, peer.addr, b.iters, 1);
+        double w = b.remote(OPCODE_WRITE, b.d1, ps, peer.addr, b.iters, 1);
+        b.rows.push_back({"CUDA IPC, other process, READ", r, "cudaMemcpy D2D", b.c_d2d});
+        b.rows.push_back({"CUDA IPC, other process, WRITE", w, "cudaMemcpy D2D", b.c_d2d});
+        b.rows.push_back({"CUDA IPC, other process, READ", r, "cudaMemcpy from mapping", c_map_r});
+        b.rows.push_back({"CUDA IPC, other process, WRITE", w, "cudaMemcpy into mapping", c_map_w});
+        closeSegment(b.e, ps);
+    }
+    if (device_count < 2) {
+        std::printf("(one GPU visible: GPU 0 <-> GPU 1 rows need two)\n\n");
+        return;
+    }
+    // GPU 0 <-> GPU 1: within this engine and with a peer process on GPU 1.
+    enable_peer_access(0, 1);
+    void *g1 = dev_alloc(b.n, 1);
+    if (registerLocalMemory(b.e, g1, b.n, "*", 1) != 0) die("register (GPU 1)");
+    double c_01 = measure(b.n, b.iters, [&] { memcpy_peer(g1, 1, b.d0, 0, b.n); });
+    double c_10 = measure(b.n, b.iters, [&] { memcpy_peer(b.d0, 0, g1, 1, b.n); });
+    b.rows.push_back({"engine local GPU0->GPU1", b.local(g1, b.d0), "cudaMemcpyPeer 0->1", c_01});
+    b.rows.push_back({"engine local GPU1->GPU0", b.local(b.d0, g1), "cudaMemcpyPeer 1->0", c_10});
+    Peer peer(b.self, b.n, 1);
+    segment_id_t ps = openSegment(b.e, peer.segment.c_str());
+    if (ps < 0) die("openSegment (peer on GPU 1)");
+    b.rows.push_back({"CUDA IPC, GPU1 process -> GPU0 READ", b.remote(OPCODE_READ, b.d0, ps, peer.addr, b.iters, 1),
+                      "cudaMemcpyPeer 1->0", c_10});
+    b.rows.push_back({"CUDA IPC, GPU0 -> GPU1 process WRITE", b.remote(OPCODE_WRITE, b.d0, ps, peer.addr, b.iters, 1),
+                      "cudaMemcpyPeer 0->1", c_01});
+    closeSegment(b.e, ps);
+}
+
+// TCP: two engines in one process (same pid, so no IPC), 16 requests.
+// Returns the target engine, destroyed by the caller after the table.
+transfer_engine_t tcp_rows(Bench &b, std::vector<char> &hp, std::vector<char> &tp) {
+    transfer_engine_t t = engine(false);
+    void *td = dev_alloc(b.n), *th = pinned_alloc(b.n);
+    for (void *p : {td, th, static_cast<void *>(tp.data())})
+        if (registerLocalMemory(t, p, b.n, "*", 1) != 0) die("register (tcp target)");
+    if (registerLocalMemory(b.e, hp.data(), b.n, "*", 1) != 0) die("register host");
+    segment_id_t ts = openSegment(b.e, name_of(t).c_str());
+    if (ts < 0) die("openSegment (tcp)");
+    const int rounds = b.iters / 4 + 1;
+    const uint64_t host_target = reinterpret_cast<uint64_t>(tp.data()), gpu_target = reinterpret_cast<uint64_t>(td);
+    double host_r = b.remote(OPCODE_READ, hp.data(), ts, host_target, rounds, 16);
+    double host_w = b.remote(OPCODE_WRITE, hp.data(), ts, host_target, rounds, 16);
+    b.rows.push_back({"TCP GPU->GPU READ", b.remote(OPCODE_READ, b.d1, ts, gpu_target, rounds, 16), "TCP host READ", host_r});
+    b.rows.push_back({"TCP GPU->GPU WRITE", b.remote(OPCODE_WRITE, b.d1, ts, gpu_target, rounds, 16), "TCP host WRITE", host_w});
+    b.rows.push_back({"TCP GPU->host READ", b.remote(OPCODE_READ, hp.data(), ts, gpu_target, rounds, 16), "TCP host READ", host_r});
+    return t;
+}
+
+bool gpu_usable(mc_gpu_info_t &info) {
+    char why[512];
+    mc_gpu_query(&info, why, sizeof why);
+    if (!info.usable) std::fprintf(stderr, "gpu_bench: %s\n", why);
+    return info.usable != 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
     if (argc > 3 && std::string(argv[1]) == "--peer")
         return peer_main(std::strtoull(argv[2], nullptr, 10), std::atoi(argv[3]));
     setvbuf(stdout, nullptr, _IOLBF, 0);
-    if (argc > 1 && std::string(argv[1]) == "kv") {
-        mc_gpu_info_t info{};
-        char why[512];
-        mc_gpu_query(&info, why, sizeof why);
-        if (!info.usable) {
-            std::fprintf(stderr, "gpu_bench: %s\n", why);
-            return 1;
-        }
-        return kv_main(argv[0], argc, argv);
-    }
+    mc_gpu_info_t info{};
+    if (!gpu_usable(info)) return 1;
+    if (argc > 1 && std::string(argv[1]) == "kv") return kv_main(argv[0], argc, argv);
     size_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64;
     int iters = argc > 2 ? std::atoi(argv[2]) : 20;
     size_t n = mib << 20;
-    mc_gpu_info_t info{};
-    char why[512];
-    mc_gpu_query(&info, why, sizeof why);
-    if (!info.usable) {
-        std::fprintf(stderr, "gpu_bench: %s\n", why);
-        return 1;
-    }
     std::printf("mooncake-rs GPU paths, CUDA %d build (runtime %d, driver %d), %zu MiB transfers, median of 5x%d\n\n",
                 info.build_cuda_major, info.runtime_version, info.driver_version, mib, iters);
-    void *d0 = dev_alloc(n), *d1 = dev_alloc(n);
-    void *h0 = pinned_alloc(n), *h1 = pinned_alloc(n);
-    std::vector<Row> rows;
-    double c_d2d = measure(n, iters, [&] { mc_gpu_memcpy(d1, d0, n); });
-    double c_h2d = measure(n, iters, [&] { mc_gpu_memcpy(d0, h0, n); });
-    double c_d2h = measure(n, iters, [&] { mc_gpu_memcpy(h0, d0, n); });
-    double c_h2h = measure(n, iters, [&] { std::memcpy(h1, h0, n); });
-
-    transfer_engine_t e = engine(true);
-    for (void *p : {d0, d1, h0, h1})
-        if (registerLocalMemory(e, p, n, "*", 1) != 0) die("register");
-    auto local = [&](void *dst, void *src) {
-        return measure(n, iters, [&] { transfer(e, OPCODE_READ, dst, LOCAL_SEGMENT, reinterpret_cast<uint64_t>(src), n, 1); });
-    };
-    rows.push_back({"engine local GPU->GPU", local(d1, d0), "cudaMemcpy D2D", c_d2d});
-    rows.push_back({"engine local host->GPU", local(d0, h0), "cudaMemcpy pinned H2D", c_h2d});
-    rows.push_back({"engine local GPU->host", local(h0, d0), "cudaMemcpy pinned D2H", c_d2h});
-
-    // Same-host path: a peer process with a GPU buffer.
-    {
-        Peer peer(argv[0], n, 0);
-        segment_id_t ps = openSegment(e, peer.segment.c_str());
-        if (ps < 0) die("openSegment (peer)");
-        double c_map_r = ipc_mapping_ceiling(peer.handle, d1, n, iters, false);
-        double c_map_w = ipc_mapping_ceiling(peer.handle, d1, n, iters, true);
-        double r = measure(n, iters, [&] { transfer(e, OPCODE_READ, d1, ps, peer.addr, n, 1); });
-        double w = measure(n, iters, [&] { transfer(e, OPCODE_WRITE, d1, ps, peer.addr, n, 1); });
-        rows.push_back({"CUDA IPC, other process, READ", r, "cudaMemcpy D2D", c_d2d});
-        rows.push_back({"CUDA IPC, other process, WRITE", w, "cudaMemcpy D2D", c_d2d});
-        rows.push_back({"CUDA IPC, other process, READ", r, "cudaMemcpy from mapping", c_map_r});
-        rows.push_back({"CUDA IPC, other process, WRITE", w, "cudaMemcpy into mapping", c_map_w});
-        closeSegment(e, ps);
-    }
-
-    if (info.device_count >= 2) {
-        // GPU 0 <-> GPU 1: within this engine and with a peer process on GPU 1.
-        enable_peer_access(0, 1);
-        void *g1 = dev_alloc(n, 1);
-        if (registerLocalMemory(e, g1, n, "*", 1) != 0) die("register (GPU 1)");
-        double c_01 = measure(n, iters, [&] { memcpy_peer(g1, 1, d0, 0, n); });
-        double c_10 = measure(n, iters, [&] { memcpy_peer(d0, 0, g1, 1, n); });
-        rows.push_back({"engine local GPU0->GPU1", local(g1, d0), "cudaMemcpyPeer 0->1", c_01});
-        rows.push_back({"engine local GPU1->GPU0", local(d0, g1), "cudaMemcpyPeer 1->0", c_10});
-        Peer peer(argv[0], n, 1);
-        segment_id_t ps = openSegment(e, peer.segment.c_str());
-        if (ps < 0) die("openSegment (peer on GPU 1)");
-        rows.push_back({"CUDA IPC, GPU1 process -> GPU0 READ",
-                        measure(n, iters, [&] { transfer(e, OPCODE_READ, d0, ps, peer.addr, n, 1); }), "cudaMemcpyPeer 1->0", c_10});
-        rows.push_back({"CUDA IPC, GPU0 -> GPU1 process WRITE",
-                        measure(n, iters, [&] { transfer(e, OPCODE_WRITE, d0, ps, peer.addr, n, 1); }), "cudaMemcpyPeer 0->1", c_01});
-        closeSegment(e, ps);
-    } else {
-        std::printf("(one GPU visible: GPU 0 <-> GPU 1 rows need two)\n\n");
-    }
-
-    // TCP: two engines in one process (same pid, so no IPC), 16 requests.
-    transfer_engine_t t = engine(false);
-    void *td = dev_alloc(n), *th = pinned_alloc(n);
+    Bench b{argv[0], n, iters, dev_alloc(n), dev_alloc(n), pinned_alloc(n), pinned_alloc(n), 0, 0, 0, 0, nullptr, {}};
+    b.c_d2d = measure(n, iters, [&] { mc_gpu_memcpy(b.d1, b.d0, n); });
+    b.c_h2d = measure(n, iters, [&] { mc_gpu_memcpy(b.d0, b.h0, n); });
+    b.c_d2h = measure(n, iters, [&] { mc_gpu_memcpy(b.h0, b.d0, n); });
+    b.c_h2h = measure(n, iters, [&] { std::memcpy(b.h1, b.h0, n); });
+    b.e = engine(true);
+    for (void *p : {b.d0, b.d1, b.h0, b.h1})
+        if (registerLocalMemory(b.e, p, n, "*", 1) != 0) die("register");
+    local_rows(b);
+    ipc_rows(b, info.device_count);
     std::vector<char> hp(n, 3), tp(n, 4);
-    for (void *p : {td, th, static_cast<void *>(tp.data())})
-        if (registerLocalMemory(t, p, n, "*", 1) != 0) die("register (tcp target)");
-    if (registerLocalMemory(e, hp.data(), n, "*", 1) != 0) die("register host");
-    segment_id_t ts = openSegment(e, name_of(t).c_str());
-    if (ts < 0) die("openSegment (tcp)");
-    double tcp_host_r = measure(n, iters / 4 + 1, [&] { transfer(e, OPCODE_READ, hp.data(), ts, reinterpret_cast<uint64_t>(tp.data()), n, 16); });
-    double tcp_host_w = measure(n, iters / 4 + 1, [&] { transfer(e, OPCODE_WRITE, hp.data(), ts, reinterpret_cast<uint64_t>(tp.data()), n, 16); });
-    rows.push_back({"TCP GPU->GPU READ", measure(n, iters / 4 + 1, [&] { transfer(e, OPCODE_READ, d1, ts, reinterpret_cast<uint64_t>(td), n, 16); }),
-                    "TCP host READ", tcp_host_r});
-    rows.push_back({"TCP GPU->GPU WRITE", measure(n, iters / 4 + 1, [&] { transfer(e, OPCODE_WRITE, d1, ts, reinterpret_cast<uint64_t>(td), n, 16); }),
-                    "TCP host WRITE", tcp_host_w});
-    rows.push_back({"TCP GPU->host READ", measure(n, iters / 4 + 1, [&] { transfer(e, OPCODE_READ, hp.data(), ts, reinterpret_cast<uint64_t>(td), n, 16); }),
-                    "TCP host READ", tcp_host_r});
+    transfer_engine_t t = tcp_rows(b, hp, tp);
 
     std::printf("%-32s %10s   %-24s %10s %8s\n", "path", "GB/s", "ceiling (same run)", "GB/s", "ratio");
-    for (const auto &r : rows)
+    for (const auto &r : b.rows)
         std::printf("%-32s %10.2f   %-24s %10.2f %7.0f%%\n", r.path.c_str(), r.gbps, r.ceiling_name.c_str(), r.ceiling,
                     100.0 * r.gbps / r.ceiling);
-    std::printf("%-32s %10.2f\n", "(memcpy host->host)", c_h2h);
+    std::printf("%-32s %10.2f\n", "(memcpy host->host)", b.c_h2h);
     destroyTransferEngine(t);
-    destroyTransferEngine(e);
+    destroyTransferEngine(b.e);
     return 0;
 }

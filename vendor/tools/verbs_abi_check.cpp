@@ -263,6 +263,8 @@ static void check_memory() {
     CONST(IBV_ACCESS_OPTIONAL_RANGE);
 }
 
+// A table of offsets and sizes, one line per field, kept whole so it
+// reads like the verbs header it checks.
 static void check_qp() {
     SIZE(global_route, ibv_global_route);
     OFF(global_route, ibv_global_route, dgid);

@@ -431,6 +431,8 @@ int mc_gpu_dmabuf_supported(int device, int32_t *supported) {
 #define MC_ABI_STRUCT(T) {#T, "", 0, sizeof(T)}
 #define MC_ABI_FIELD(T, F) {#T, #F, offsetof(T, F), sizeof(((T *)nullptr)->F)}
 
+// One line per field of every public struct: a table, longer than a
+// function should be, kept whole so it reads like the header it mirrors.
 size_t mc_abi_describe(const mc_abi_field_t **fields) {
     static const mc_abi_field_t kFields[] = {
         MC_ABI_STRUCT(transfer_request),
