@@ -22,10 +22,10 @@ use mooncake::{Access, Engine, Registration, RemoteSegment};
 use mooncake_connector::connector::regions::Descriptor;
 use mooncake_connector::sim::kv_layouts::{all_layouts, plan_descriptors, BenchLayout};
 
-use crate::{
-    case_blocks, fail, gib, pattern_name, print_header, sample_indices, sampled_blocks, BenchPath,
-    DecodeCache, Opts, PrefillProc, Row, Sizes,
-};
+use crate::host::{case_blocks, pattern_name, sample_indices, sampled_blocks, DecodeCache, Sizes};
+use crate::prefill::PrefillProc;
+use crate::report::{gib, print_header, Row};
+use crate::{fail, BenchPath, Opts};
 
 impl BenchPath {
     fn gpu_name(self) -> &'static str {
