@@ -154,7 +154,8 @@ if [ -n "$baseline_rev" ]; then
   (cd "$wt" && CARGO_TARGET_DIR="$PWD/../mc-baseline-target-$rev" cargo build --release -q --example transfer_engine_bench) >&2
   mkdir -p target/baseline
   cp "$wt/../mc-baseline-target-$rev/release/examples/transfer_engine_bench" "target/baseline/transfer_engine_bench-$rev"
-  args+=(--baseline "target/baseline/transfer_engine_bench-$rev" --baseline-label "$rev")
+  # Absolute: the benches run with their own working directory.
+  args+=(--baseline "$PWD/target/baseline/transfer_engine_bench-$rev" --baseline-label "$rev")
 fi
 [ -n "$kv_markdown" ] && args+=(--markdown "$kv_markdown")
 .venv-upstream/bin/python scripts/perf_compare.py "${args[@]}"
