@@ -25,6 +25,8 @@ macro_rules! layout {
     };
 }
 
+// One line per field of every public struct, the Rust side of the
+// engine's `mc_abi_describe` table: kept whole so the two read alike.
 fn rust_layout() -> BTreeMap<(String, String), (usize, usize)> {
     let mut m = BTreeMap::new();
     layout!(
