@@ -7,7 +7,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's wall time is printed when the next starts, and all of them at
+# the end, so a slow step shows in the CI log.
+STEP_NAME="" STEP_START=$SECONDS STEP_TIMES=""
+step_done() {
+  [ -n "$STEP_NAME" ] || return 0
+  local took=$((SECONDS - STEP_START))
+  printf '    (%d s)\n' "$took"
+  STEP_TIMES+=$(printf '%6d s  %s' "$took" "$STEP_NAME")$'\n'
+}
+step() { step_done; STEP_NAME="$*" STEP_START=$SECONDS; printf '\n==> %s\n' "$*"; }
 
 step "test dependencies"
 scripts/install-test-deps.sh
@@ -90,4 +99,6 @@ scripts/run_pd_example.sh
 PREFILL_TP=2 DECODE_TP=1 scripts/run_pd_example.sh
 PREFILL_TP=1 DECODE_TP=2 scripts/run_pd_example.sh
 
+step_done
+printf '\nstep times:\n%s%6d s  total\n' "$STEP_TIMES" "$SECONDS"
 printf '\nall tests passed\n'

@@ -1,3 +1,4 @@
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -48,21 +49,26 @@ int main(int argc, char **argv) {
         int before = mctest::g_failures;
         mctest::g_skipped = false;
         std::fprintf(stderr, "[ RUN  ] %s\n", c.name);
+        auto started = std::chrono::steady_clock::now();
         try {
             c.fn();
         } catch (const mctest::Abort &) {
         } catch (const std::exception &e) {
             mctest::record_failure(__FILE__, __LINE__, std::string("exception: ") + e.what());
         }
+        // Per-case time, so a slow case is visible in CI logs.
+        long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                             started)
+                           .count();
         bool ok = mctest::g_failures == before;
         if (!ok) {
             ++failed_cases;
-            std::fprintf(stderr, "[ FAIL ] %s\n", c.name);
+            std::fprintf(stderr, "[ FAIL ] %s (%lld ms)\n", c.name, ms);
         } else if (mctest::g_skipped) {
             skipped.push_back(c.name);
-            std::fprintf(stderr, "[ SKIP ] %s: %s\n", c.name, mctest::g_skip_reason.c_str());
+            std::fprintf(stderr, "[ SKIP ] %s (%lld ms): %s\n", c.name, ms, mctest::g_skip_reason.c_str());
         } else {
-            std::fprintf(stderr, "[  OK  ] %s\n", c.name);
+            std::fprintf(stderr, "[  OK  ] %s (%lld ms)\n", c.name, ms);
         }
     }
     std::fprintf(stderr, "%d test(s): %d passed, %zu skipped, %d failed\n", ran,
