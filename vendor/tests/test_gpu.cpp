@@ -20,6 +20,7 @@
 #include "engine_fixture.h"
 #include "gpu/gpu.h"
 #include "gpu_lane.h"
+#include "transport/ipc/ipc_transport.h"
 
 extern char **environ;
 
@@ -205,7 +206,12 @@ int gpu_peer_main(int argc, char **argv) {
     auto data = random_bytes(size, seed);
     mc_gpu_memcpy(d, data.data(), size);
     if (registerLocalMemory(e, d, size, "*", 1) != 0) return 1;
-    std::printf("READY %s %llu\n", segment_name(e).c_str(), static_cast<unsigned long long>(reinterpret_cast<uint64_t>(d)));
+    // The allocation's IPC handle too, for tests that forge a descriptor.
+    mcrs::gpu::IpcExport x;
+    std::string err;
+    if (!mcrs::gpu::ipc_export(d, x, err)) x.handle_hex = "-";
+    std::printf("READY %s %llu %s\n", segment_name(e).c_str(),
+                static_cast<unsigned long long>(reinterpret_cast<uint64_t>(d)), x.handle_hex.c_str());
     std::fflush(stdout);
     char line[256];
     while (std::fgets(line, sizeof line, stdin)) {
@@ -234,6 +240,7 @@ struct GpuPeer {
     FILE *in = nullptr, *out = nullptr;
     std::string segment;
     uint64_t remote = 0;
+    std::string ipc_handle;  // of the peer's allocation, "-" if it has none
 
     GpuPeer(size_t max, int device) {
         int to_child[2], from_child[2];
@@ -255,11 +262,12 @@ struct GpuPeer {
         out = fdopen(to_child[1], "w");
         char line[512] = {0};
         REQUIRE(std::fgets(line, sizeof line, in) != nullptr);
-        char seg_name[256];
+        char seg_name[256], handle[160];
         unsigned long long addr = 0;
-        REQUIRE(std::sscanf(line, "READY %255s %llu", seg_name, &addr) == 2);
+        REQUIRE(std::sscanf(line, "READY %255s %llu %159s", seg_name, &addr, handle) == 3);
         segment = seg_name;
         remote = addr;
+        ipc_handle = handle;
     }
     // Whether the peer's bytes [off, off+len) are random_bytes(len, seed).
     bool holds(size_t off, size_t len, uint32_t seed) {
@@ -384,6 +392,65 @@ TEST(gpu_two_engines_one_process_share_a_peer_mapping) {
     mc_engine_get_counters(e[1], &c);
     CHECK_EQ(c.tcp_requests_sent, 0u);
     destroyTransferEngine(e[1]);
+}
+
+// A hostile same-host peer publishes its real IPC handle with a forged
+// mc_cuda_ipc_offset: copying there would read or write whatever this
+// process has mapped past the peer's allocation. Each forged request fails
+// with the reason, none falls back or touches memory, and the mapping keeps
+// serving honest requests.
+TEST(gpu_ipc_refuses_a_forged_offset_past_the_mapped_allocation) {
+    if (!gpu_lane("gpu_ipc_refuses_a_forged_offset_past_the_mapped_allocation")) return;
+    const size_t max = 4u << 20;  // a whole number of 2 MiB pages: mapped exactly
+    GpuPeer peer(max, 0);
+    REQUIRE(peer.ipc_handle != "-");
+    mcrs::IpcTransport ipc(1);
+    std::vector<char> host(max, 0x5a);
+    bool fell_back = false;
+    auto one = [&](uint64_t ipc_offset, int opcode, uint64_t at, uint64_t len, std::string &why) {
+        auto batch = std::make_shared<mcrs::Batch>(1, 1);
+        auto first = batch->reserve(1);
+        REQUIRE(first.has_value());
+        std::vector<mcrs::TransferItem> items(1);
+        items[0].batch = batch;
+        items[0].task = *first;
+        items[0].opcode = opcode;
+        items[0].local = host.data() + at;
+        items[0].remote_addr = peer.remote + at;
+        items[0].length = len;
+        std::vector<mcrs::IpcTarget> targets{mcrs::IpcTarget{peer.ipc_handle, peer.remote, max, ipc_offset, 0}};
+        ipc.submit(items, targets, [&](std::vector<mcrs::TransferItem> &back) {
+            fell_back = true;
+            for (auto &it : back) it.fail("fell back");
+        });
+        REQUIRE(batch->wait(30000));
+        uint64_t bytes = 0;
+        int st = batch->observe(0, &bytes);
+        why = batch->task(0).error;
+        return st;
+    };
+    std::string why;
+    // Far past the allocation (the first request also maps it), then just
+    // past its end, then a sum that would wrap: READ and WRITE.
+    for (uint64_t forged : {uint64_t{1} << 40, uint64_t{4096}, UINT64_MAX - 4095}) {
+        CHECK_EQ(one(forged, 0, 0, 4096, why), STATUS_FAILED);
+        CHECK(why.find("outside the allocation it maps") != std::string::npos);
+        CHECK_EQ(one(forged, 1, max - 4096, 4096, why), STATUS_FAILED);
+        CHECK(why.find("mc_cuda_ipc_offset " + std::to_string(forged)) != std::string::npos);
+    }
+    CHECK(!fell_back);
+    CHECK_EQ(ipc.copies(), 0u);
+    CHECK(peer.holds(0, max, 4242));  // nothing was written
+    // The honest descriptor through the same mapping: every byte, both ways.
+    CHECK_EQ(one(0, 0, 0, max, why), STATUS_COMPLETED);
+    auto expect = random_bytes(max, 4242);
+    CHECK(std::memcmp(host.data(), expect.data(), max) == 0);
+    auto w = random_bytes(4096, 31);
+    std::memcpy(host.data() + max - 4096, w.data(), w.size());
+    CHECK_EQ(one(0, 1, max - 4096, 4096, why), STATUS_COMPLETED);
+    CHECK(peer.holds(max - 4096, 4096, 31));
+    CHECK_EQ(ipc.copies(), 2u);
+    CHECK(!fell_back);
 }
 
 TEST(gpu_two_processes_two_gpus_use_cuda_ipc) {

@@ -1,10 +1,48 @@
-// The CUDA IPC handle codec (descriptor key mc_cuda_ipc), in CUDA builds.
-// Needs no GPU: it runs in CI's CUDA builds, where a malformed handle from a
-// peer must be refused before it reaches cudaIpcOpenMemHandle.
+// The CUDA IPC descriptor keys a peer publishes (mc_cuda_ipc, and
+// mc_cuda_ipc_offset), checked without a GPU: the handle codec in CUDA
+// builds, where a malformed handle must be refused before it reaches
+// cudaIpcOpenMemHandle, and the offset bound in every build.
+#include <cstdint>
 #include <string>
 
 #include "engine_fixture.h"
 #include "gpu/ipc_handle.h"
+#include "transport/ipc/ipc_transport.h"
+
+// The peer names where its buffer sits inside the allocation it exports;
+// only the size the driver mapped bounds it. Nothing past the mapping, and
+// no sum that wraps.
+TEST(ipc_offset_is_bounded_by_the_mapped_size) {
+    const uint64_t kMapped = 2u << 20, kBuf = 0x7f0000000000, kLen = 1u << 20;
+    mcrs::IpcTarget t{"", kBuf, kLen, 4096, 0};
+    uint64_t off = 0;
+    REQUIRE(mcrs::ipc_offset_in_mapping(t, kMapped, kBuf, kLen, off));
+    CHECK_EQ(off, 4096u);
+    REQUIRE(mcrs::ipc_offset_in_mapping(t, kMapped, kBuf + kLen - 8, 8, off));
+    CHECK_EQ(off, 4096u + kLen - 8);
+    // The buffer's last byte is the mapping's last byte: allowed.
+    t.ipc_offset = kMapped - kLen;
+    CHECK(mcrs::ipc_offset_in_mapping(t, kMapped, kBuf + kLen - 1, 1, off));
+    CHECK_EQ(off, kMapped - 1);
+    // One byte further, past the end, far past, and sums that would wrap.
+    for (uint64_t bad : {kMapped - kLen + 1, kMapped, uint64_t{1} << 40, UINT64_MAX - kLen + 1, UINT64_MAX}) {
+        t.ipc_offset = bad;
+        CHECK(!mcrs::ipc_offset_in_mapping(t, kMapped, kBuf, 1, off));
+    }
+    // A buffer longer than the allocation, even at offset 0.
+    mcrs::IpcTarget big{"", kBuf, kMapped + 1, 0, 0};
+    CHECK(!mcrs::ipc_offset_in_mapping(big, kMapped, kBuf, 1, off));
+    mcrs::IpcTarget huge{"", kBuf, UINT64_MAX, 0, 0};
+    CHECK(!mcrs::ipc_offset_in_mapping(huge, kMapped, kBuf, 1, off));
+    // The range itself must lie inside the advertised buffer.
+    t.ipc_offset = 0;
+    CHECK(!mcrs::ipc_offset_in_mapping(t, kMapped, kBuf - 1, 8, off));
+    CHECK(!mcrs::ipc_offset_in_mapping(t, kMapped, kBuf + kLen - 4, 8, off));
+    CHECK(!mcrs::ipc_offset_in_mapping(t, kMapped, kBuf, 0, off));
+    CHECK(!mcrs::ipc_offset_in_mapping(t, kMapped, UINT64_MAX, 2, off));
+    // Nothing is mapped: nothing is in range.
+    CHECK(!mcrs::ipc_offset_in_mapping(t, 0, kBuf, 1, off));
+}
 
 #if MC_WITH_CUDA
 

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "common/range.h"
 #include "gpu/cuda_api.h"
 #include "gpu/gpu.h"
 
@@ -145,8 +146,8 @@ void dmabuf_export(const void *ptr, size_t len, DmabufExport &out) {
     std::string err;
     uint64_t base = 0, size = 0;
     if (!allocation_range(ptr, base, size, err)) throw Error(kErrContext, "DMA-BUF export: " + err);
-    uint64_t p = reinterpret_cast<uint64_t>(ptr);
-    if (p + len > base + size)
+    const uint64_t p = reinterpret_cast<uint64_t>(ptr);
+    if (!range_within(p, len, base, size))
         throw Error(kErrInvalidArgument, "DMA-BUF export: the range runs past the end of its allocation");
     cudaSetDevice(k.ordinal);
     int fd = -1;

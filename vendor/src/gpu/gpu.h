@@ -124,12 +124,19 @@ struct IpcExport {
     int device = -1;
 };
 bool ipc_export(const void *ptr, IpcExport &out, std::string &err);
+// A peer allocation mapped into this process: `size` is what the driver
+// mapped, the bound for every offset the peer's descriptor names.
+struct IpcMapping {
+    void *base = nullptr;
+    int device = -1;  // the local GPU it is mapped on
+    uint64_t size = 0;
+};
 // Maps a peer's allocation (on `device` when this process sees that GPU,
-// else on GPU 0); returns its base and the GPU it is mapped on, or nullptr
-// with `err`. A process maps an allocation once: opening a handle it holds
-// returns the same base and counts; each successful open needs an ipc_close.
-void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, std::string &err);
-void ipc_close(void *base, int device);
+// else on GPU 0), or returns false with `err`. A process maps an allocation
+// once: opening a handle it holds returns the same mapping and counts; each
+// successful open needs an ipc_close.
+bool ipc_open(const std::string &handle_hex, int device, IpcMapping &out, std::string &err);
+void ipc_close(const IpcMapping &m);
 
 // The device allocation that contains `ptr`.
 bool allocation_range(const void *ptr, uint64_t &base, uint64_t &size, std::string &err);

@@ -72,8 +72,7 @@ namespace {
 // serialized (they take milliseconds and happen once per allocation);
 // each holder counts, and the last close unmaps.
 struct OpenMapping {
-    void *base;
-    int device;
+    IpcMapping mapping;
     int holders;
 };
 std::mutex g_open_mu;
@@ -84,23 +83,23 @@ std::map<std::string, OpenMapping> &open_mappings() {
 
 }  // namespace
 
-void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, std::string &err) {
+bool ipc_open(const std::string &handle_hex, int device, IpcMapping &out, std::string &err) {
     if (!status().usable) {
         err = status().reason;
-        return nullptr;
+        return false;
     }
     cudaIpcMemHandle_t h;
     if (!parse_ipc_handle(handle_hex, h)) {
         err = "malformed CUDA IPC handle";
-        return nullptr;
+        return false;
     }
     std::lock_guard<std::mutex> g(g_open_mu);
     auto &open = open_mappings();
     auto it = open.find(handle_hex);
     if (it != open.end()) {
         ++it->second.holders;
-        mapped_device = it->second.device;
-        return it->second.base;
+        out = it->second.mapping;
+        return true;
     }
     // Map on a local GPU: the peer's device when we have it, else ours.
     int local = device >= 0 && device < status().device_count ? device : 0;
@@ -110,25 +109,34 @@ void *ipc_open(const std::string &handle_hex, int device, int &mapped_device, st
     if (e != cudaSuccess) {
         cudaGetLastError();
         err = std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(e);
-        return nullptr;
+        return false;
     }
-    open.emplace(handle_hex, OpenMapping{p, local, 1});
-    mapped_device = local;
-    return p;
+    // The size comes from the driver, never from the peer: it bounds every
+    // offset the peer's descriptor names.
+    uint64_t base = 0, size = 0;
+    if (!allocation_range(p, base, size, err) || base != reinterpret_cast<uint64_t>(p) || size == 0) {
+        cudaIpcCloseMemHandle(p);
+        if (err.empty()) err = "the mapped allocation's range is not what the driver reported";
+        err = "sizing a mapped peer allocation: " + err;
+        return false;
+    }
+    out = IpcMapping{p, local, size};
+    open.emplace(handle_hex, OpenMapping{out, 1});
+    return true;
 }
 
-void ipc_close(void *base, int device) {
-    if (!base || !status().usable) return;
+void ipc_close(const IpcMapping &m) {
+    if (!m.base || !status().usable) return;
     std::lock_guard<std::mutex> g(g_open_mu);
     auto &open = open_mappings();
     for (auto it = open.begin(); it != open.end(); ++it) {
-        if (it->second.base != base) continue;
+        if (it->second.mapping.base != m.base) continue;
         if (--it->second.holders > 0) return;
         open.erase(it);
         break;
     }
-    cudaSetDevice(device >= 0 ? device : 0);
-    cudaIpcCloseMemHandle(base);
+    cudaSetDevice(m.device >= 0 ? m.device : 0);
+    cudaIpcCloseMemHandle(m.base);
 }
 
 #else
@@ -137,11 +145,11 @@ bool ipc_export(const void *, IpcExport &, std::string &err) {
     err = status().reason;
     return false;
 }
-void *ipc_open(const std::string &, int, int &, std::string &err) {
+bool ipc_open(const std::string &, int, IpcMapping &, std::string &err) {
     err = status().reason;
-    return nullptr;
+    return false;
 }
-void ipc_close(void *, int) {}
+void ipc_close(const IpcMapping &) {}
 
 #endif
 

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/range.h"
 #include "gpu/gpu.h"
 
 namespace mcrs {
@@ -29,7 +30,7 @@ void IpcTransport::stop() {
     for (auto &t : threads_)
         if (t.joinable()) t.join();
     threads_.clear();
-    for (auto &kv : mappings_) gpu::ipc_close(kv.second.base, kv.second.device);
+    for (auto &kv : mappings_) gpu::ipc_close(kv.second);
     mappings_.clear();
 }
 
@@ -41,7 +42,7 @@ bool IpcTransport::usable(const std::string &handle) {
 void IpcTransport::submit(std::vector<TransferItem> &items, std::vector<IpcTarget> &targets, Fallback fallback) {
     std::vector<TransferItem> rejected;
     std::vector<size_t> now;  // already mapped: copy on this thread
-    std::vector<std::pair<char *, int>> bases;
+    std::vector<gpu::IpcMapping> maps;
     {
         std::lock_guard<std::mutex> g(mu_);
         for (size_t i = 0; i < items.size(); ++i) {
@@ -50,7 +51,7 @@ void IpcTransport::submit(std::vector<TransferItem> &items, std::vector<IpcTarge
                 rejected.push_back(std::move(items[i]));
             } else if (m != mappings_.end()) {
                 now.push_back(i);
-                bases.emplace_back(static_cast<char *>(m->second.base), m->second.device);
+                maps.push_back(m->second);
             } else {
                 jobs_.push_back(Job{std::move(items[i]), targets[i], fallback});
             }
@@ -60,39 +61,41 @@ void IpcTransport::submit(std::vector<TransferItem> &items, std::vector<IpcTarge
     cv_.notify_all();
     for (auto &it : rejected) it.fail("the engine is shutting down");
     if (now.empty()) return;
-    copy_batch(items, targets, now, bases);
+    copy_batch(items, targets, now, maps);
     std::lock_guard<std::mutex> g(mu_);
     if (--inline_copies_ == 0) cv_.notify_all();
 }
 
-void *IpcTransport::map(const IpcTarget &t, int &mapped_device, std::string &err) {
+bool IpcTransport::map(const IpcTarget &t, gpu::IpcMapping &out, std::string &err) {
     {
         std::lock_guard<std::mutex> g(mu_);
         auto it = mappings_.find(t.handle);
         if (it != mappings_.end()) {
-            mapped_device = it->second.device;
-            return it->second.base;
+            out = it->second;
+            return true;
         }
         if (failed_.count(t.handle)) {
             err = "mapping this allocation failed before";
-            return nullptr;
+            return false;
         }
     }
-    void *base = gpu::ipc_open(t.handle, t.device, mapped_device, err);
+    gpu::IpcMapping fresh;
+    bool ok = gpu::ipc_open(t.handle, t.device, fresh, err);
     std::lock_guard<std::mutex> g(mu_);
-    if (!base) {
+    if (!ok) {
         failed_.insert(t.handle);
-        return nullptr;
+        return false;
     }
-    auto ins = mappings_.emplace(t.handle, Mapping{base, mapped_device});
+    auto ins = mappings_.emplace(t.handle, fresh);
     if (!ins.second) {  // another worker mapped it meanwhile
-        gpu::ipc_close(base, mapped_device);
-        mapped_device = ins.first->second.device;
-        return ins.first->second.base;
+        gpu::ipc_close(fresh);
+        out = ins.first->second;
+        return true;
     }
-    MC_LOG(Info, "mapped a peer GPU allocation (peer's GPU " << t.device << ", mapped on GPU " << mapped_device
-                                                            << ") for the same-host path");
-    return base;
+    MC_LOG(Info, "mapped a peer GPU allocation of " << fresh.size << " bytes (peer's GPU " << t.device
+                                                    << ", mapped on GPU " << fresh.device << ") for the same-host path");
+    out = fresh;
+    return true;
 }
 
 void IpcTransport::work() {
@@ -106,9 +109,8 @@ void IpcTransport::work() {
             jobs_.pop_front();
         }
         std::string err;
-        int mapped_device = -1;
-        char *base = static_cast<char *>(map(job.target, mapped_device, err));
-        if (!base) {
+        gpu::IpcMapping mapped;
+        if (!map(job.target, mapped, err)) {
             MC_LOG(Warn, "same-host GPU path unavailable (" << err << "); using TCP");
             std::vector<TransferItem> one;
             one.push_back(std::move(job.item));
@@ -120,10 +122,10 @@ void IpcTransport::work() {
         // one batch (one pass over the queue), not one copy and wait each.
         std::vector<TransferItem> items;
         std::vector<IpcTarget> targets;
-        std::vector<std::pair<char *, int>> bases;
+        std::vector<gpu::IpcMapping> maps;
         items.push_back(std::move(job.item));
         targets.push_back(std::move(job.target));
-        bases.emplace_back(base, mapped_device);
+        maps.push_back(mapped);
         {
             std::lock_guard<std::mutex> g(mu_);
             std::deque<Job> unmapped;
@@ -135,39 +137,65 @@ void IpcTransport::work() {
                 }
                 items.push_back(std::move(j.item));
                 targets.push_back(std::move(j.target));
-                bases.emplace_back(static_cast<char *>(m->second.base), m->second.device);
+                maps.push_back(m->second);
             }
             jobs_.swap(unmapped);
         }
         std::vector<size_t> idx(items.size());
         for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-        copy_batch(items, targets, idx, bases);
+        copy_batch(items, targets, idx, maps);
     }
 }
 
+bool ipc_offset_in_mapping(const IpcTarget &t, uint64_t mapped_size, uint64_t addr, uint64_t len,
+                           uint64_t &offset) {
+    // Both with the one range check: the buffer inside the allocation, then
+    // the range inside the buffer; the sum below then cannot wrap.
+    if (!range_within(t.ipc_offset, t.buffer_len, 0, mapped_size)) return false;
+    if (!range_within(addr, len, t.buffer_addr, t.buffer_len)) return false;
+    offset = t.ipc_offset + (addr - t.buffer_addr);
+    return true;
+}
+
 void IpcTransport::copy_batch(std::vector<TransferItem> &items, const std::vector<IpcTarget> &targets,
-                              const std::vector<size_t> &idx, const std::vector<std::pair<char *, int>> &bases) {
+                              const std::vector<size_t> &idx, const std::vector<gpu::IpcMapping> &maps) {
     // One stream, one wait for the whole submission: a wait per item cost
     // more than a KV block's copy.
     thread_local std::vector<gpu::CopyPiece> pieces;
+    thread_local std::vector<size_t> copied;
     pieces.clear();
+    copied.clear();
+    size_t refused = 0;
     for (size_t k = 0; k < idx.size(); ++k) {
         TransferItem &it = items[idx[k]];
         const IpcTarget &t = targets[idx[k]];
-        // The engine checked that the range lies inside the advertised buffer.
-        char *remote = bases[k].first + t.ipc_offset + (it.remote_addr - t.buffer_addr);
-        const int mapped = bases[k].second, local = it.local_device();
-        if (it.opcode == 1) pieces.push_back(gpu::CopyPiece{remote, mapped, it.local, local, it.length});
-        else pieces.push_back(gpu::CopyPiece{it.local, local, remote, mapped, it.length});
+        const gpu::IpcMapping &m = maps[k];
+        uint64_t offset = 0;
+        if (!ipc_offset_in_mapping(t, m.size, it.remote_addr, it.length, offset)) {
+            ++refused;
+            it.fail("the peer's CUDA IPC descriptor places its buffer (mc_cuda_ipc_offset " +
+                    std::to_string(t.ipc_offset) + ", " + std::to_string(t.buffer_len) +
+                    " bytes) outside the allocation it maps (" + std::to_string(m.size) + " bytes)");
+            continue;
+        }
+        char *remote = static_cast<char *>(m.base) + offset;
+        const int local = it.local_device();
+        if (it.opcode == 1) pieces.push_back(gpu::CopyPiece{remote, m.device, it.local, local, it.length});
+        else pieces.push_back(gpu::CopyPiece{it.local, local, remote, m.device, it.length});
+        copied.push_back(idx[k]);
     }
+    if (refused)  // once per submission, not per descriptor
+        MC_LOG(Warn, "same-host GPU path: refused " << refused
+                         << " request(s) whose peer descriptor places its buffer outside the mapped allocation");
+    if (copied.empty()) return;
     std::string err;
     try {
         gpu::copy_many(pieces.data(), pieces.size());
     } catch (const Error &e) {
         err = e.what();
     }
-    if (err.empty()) copies_.fetch_add(idx.size(), std::memory_order_relaxed);
-    for (size_t k : idx) {
+    if (err.empty()) copies_.fetch_add(copied.size(), std::memory_order_relaxed);
+    for (size_t k : copied) {
         if (err.empty()) items[k].complete();
         else items[k].fail("same-host GPU copy failed: " + err);
     }

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu/gpu.h"
 #include "transport/transport.h"
 
 namespace mcrs {
@@ -31,6 +32,14 @@ struct IpcTarget {
     uint64_t ipc_offset;     // of the buffer inside the allocation
     int device;              // the peer's GPU ordinal
 };
+
+// Where the peer's bytes [addr, addr + len) lie inside its mapped
+// allocation of `mapped_size` bytes, as an offset from the mapping's base.
+// False unless the range is inside the advertised buffer and the whole
+// buffer (placed at the peer's `ipc_offset`) is inside the allocation: the
+// offset is the peer's word, the size is the driver's.
+bool ipc_offset_in_mapping(const IpcTarget &t, uint64_t mapped_size, uint64_t addr, uint64_t len,
+                           uint64_t &offset);
 
 class IpcTransport {
 public:
@@ -54,22 +63,18 @@ private:
         IpcTarget target;
         Fallback fallback;
     };
-    struct Mapping {
-        void *base;
-        int device;
-    };
     void work();
-    void *map(const IpcTarget &t, int &mapped_device, std::string &err);
-    // The items `idx` (their allocations mapped at `bases`), as one batched
+    bool map(const IpcTarget &t, gpu::IpcMapping &out, std::string &err);
+    // The items `idx` (their allocations mapped as `maps`), as one batched
     // copy.
     void copy_batch(std::vector<TransferItem> &items, const std::vector<IpcTarget> &targets,
-                    const std::vector<size_t> &idx, const std::vector<std::pair<char *, int>> &bases);
+                    const std::vector<size_t> &idx, const std::vector<gpu::IpcMapping> &maps);
 
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<Job> jobs_;
     bool stopping_ = false;
-    std::map<std::string, Mapping> mappings_;
+    std::map<std::string, gpu::IpcMapping> mappings_;
     std::set<std::string> failed_;
     std::vector<std::thread> threads_;
     int inline_copies_ = 0;  // running on submitters' threads, guarded by mu_
