@@ -418,8 +418,16 @@ TEST(gpu_ipc_refuses_a_forged_offset_past_the_mapped_allocation) {
         items[0].local = host.data() + at;
         items[0].remote_addr = peer.remote + at;
         items[0].length = len;
-        std::vector<mcrs::IpcTarget> targets{mcrs::IpcTarget{peer.ipc_handle, peer.remote, max, ipc_offset, 0}};
-        ipc.submit(items, targets, [&](std::vector<mcrs::TransferItem> &back) {
+        auto desc = std::make_shared<mcrs::SegmentDesc>();
+        mcrs::BufferDesc b;
+        b.addr = peer.remote;
+        b.length = max;
+        b.cuda_ipc = peer.ipc_handle;
+        b.cuda_ipc_offset = ipc_offset;
+        b.cuda_device = 0;
+        desc->buffers.push_back(b);
+        std::vector<const mcrs::BufferDesc *> buffers{&desc->buffers[0]};
+        ipc.submit(desc, items, buffers, [&](std::vector<mcrs::TransferItem> &back) {
             fell_back = true;
             for (auto &it : back) it.fail("fell back");
         });

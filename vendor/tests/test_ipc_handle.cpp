@@ -14,28 +14,33 @@
 // no sum that wraps.
 TEST(ipc_offset_is_bounded_by_the_mapped_size) {
     const uint64_t kMapped = 2u << 20, kBuf = 0x7f0000000000, kLen = 1u << 20;
-    mcrs::IpcTarget t{"", kBuf, kLen, 4096, 0};
+    auto buffer = [&](uint64_t len, uint64_t ipc_offset) {
+        mcrs::BufferDesc b;
+        b.addr = kBuf;
+        b.length = len;
+        b.cuda_ipc_offset = ipc_offset;
+        return b;
+    };
+    mcrs::BufferDesc t = buffer(kLen, 4096);
     uint64_t off = 0;
     REQUIRE(mcrs::ipc_offset_in_mapping(t, kMapped, kBuf, kLen, off));
     CHECK_EQ(off, 4096u);
     REQUIRE(mcrs::ipc_offset_in_mapping(t, kMapped, kBuf + kLen - 8, 8, off));
     CHECK_EQ(off, 4096u + kLen - 8);
     // The buffer's last byte is the mapping's last byte: allowed.
-    t.ipc_offset = kMapped - kLen;
+    t.cuda_ipc_offset = kMapped - kLen;
     CHECK(mcrs::ipc_offset_in_mapping(t, kMapped, kBuf + kLen - 1, 1, off));
     CHECK_EQ(off, kMapped - 1);
     // One byte further, past the end, far past, and sums that would wrap.
     for (uint64_t bad : {kMapped - kLen + 1, kMapped, uint64_t{1} << 40, UINT64_MAX - kLen + 1, UINT64_MAX}) {
-        t.ipc_offset = bad;
+        t.cuda_ipc_offset = bad;
         CHECK(!mcrs::ipc_offset_in_mapping(t, kMapped, kBuf, 1, off));
     }
     // A buffer longer than the allocation, even at offset 0.
-    mcrs::IpcTarget big{"", kBuf, kMapped + 1, 0, 0};
-    CHECK(!mcrs::ipc_offset_in_mapping(big, kMapped, kBuf, 1, off));
-    mcrs::IpcTarget huge{"", kBuf, UINT64_MAX, 0, 0};
-    CHECK(!mcrs::ipc_offset_in_mapping(huge, kMapped, kBuf, 1, off));
+    CHECK(!mcrs::ipc_offset_in_mapping(buffer(kMapped + 1, 0), kMapped, kBuf, 1, off));
+    CHECK(!mcrs::ipc_offset_in_mapping(buffer(UINT64_MAX, 0), kMapped, kBuf, 1, off));
     // The range itself must lie inside the advertised buffer.
-    t.ipc_offset = 0;
+    t.cuda_ipc_offset = 0;
     CHECK(!mcrs::ipc_offset_in_mapping(t, kMapped, kBuf - 1, 8, off));
     CHECK(!mcrs::ipc_offset_in_mapping(t, kMapped, kBuf + kLen - 4, 8, off));
     CHECK(!mcrs::ipc_offset_in_mapping(t, kMapped, kBuf, 0, off));

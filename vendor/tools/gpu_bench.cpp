@@ -252,12 +252,15 @@ int kv_main(char *self, int argc, char **argv) {
         if (k == "--iters") iters = std::atoi(argv[i + 1]);
         else if (k == "--op") ops = argv[i + 1];
     }
-    const KvLayout layouts[] = {{"llama8b", 64, 16 * 8 * 128 * 2}, {"mla", 61, 64 * 576 * 2}};
+    // small: 4 KiB blocks, where the per-descriptor cost shows.
+    const KvLayout layouts[] = {
+        {"llama8b", 64, 16 * 8 * 128 * 2}, {"mla", 61, 64 * 576 * 2}, {"small", 48, 16 * 2 * 64 * 2}};
     size_t n = 0;
     for (const auto &l : layouts) n = std::max(n, l.tensors * kKvBlocks * l.block_bytes);
     std::printf("KV layouts, %zu of %zu blocks per tensor, one descriptor per block, median of 5x%d\n", kKvMoved,
                 kKvBlocks, iters);
-    std::printf("%-8s %-14s %-6s %12s %12s %8s\n", "layout", "path", "op", "contig GB/s", "scatter GB/s", "ratio");
+    std::printf("%-8s %-14s %-6s %7s %12s %12s %8s %13s\n", "layout", "path", "op", "descs", "contig GB/s",
+                "scatter GB/s", "ratio", "us/desc (sc)");
     transfer_engine_t e = engine(true);
     transfer_engine_t t = engine(false);
     char *ld = static_cast<char *>(dev_alloc(n)), *td = static_cast<char *>(dev_alloc(n));
@@ -281,8 +284,10 @@ int kv_main(char *self, int argc, char **argv) {
                     auto reqs = kv_requests(l, op, ld, p.seg, p.remote, sc == 1);
                     g[sc] = measure(l.tensors * kKvMoved * l.block_bytes, iters, [&] { run_batch(e, reqs); });
                 }
-                std::printf("%-8s %-14s %-6s %12.2f %12.2f %7.0f%%\n", l.name, p.name,
-                            op == OPCODE_READ ? "READ" : "WRITE", g[0], g[1], 100.0 * g[1] / g[0]);
+                const size_t descs = l.tensors * kKvMoved;
+                const double us = descs * l.block_bytes / (g[1] * 1e3) / descs;  // GB/s -> us per batch
+                std::printf("%-8s %-14s %-6s %7zu %12.2f %12.2f %7.0f%% %13.3f\n", l.name, p.name,
+                            op == OPCODE_READ ? "READ" : "WRITE", descs, g[0], g[1], 100.0 * g[1] / g[0], us);
             }
     closeSegment(e, ps);
     closeSegment(e, ts);

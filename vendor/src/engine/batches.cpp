@@ -168,15 +168,23 @@ PeerRoutes TransferEngine::peer_routes(const SegmentDesc &d, const std::string &
 }
 
 Route TransferEngine::route_of(const PeerRoutes &p, const SegmentDesc &d, const TransferItem &it,
-                               IpcTarget *ipc) const {
+                               IpcRouteMemo &memo) const {
     if (p.rdma) return Route::Rdma;
     if (p.cuda_ipc) {
-        for (const auto &b : d.buffers) {
-            if (b.cuda_ipc.empty() || !range_within(it.remote_addr, it.length, b.addr, b.length)) continue;
-            if (!ipc_->usable(b.cuda_ipc)) break;
-            *ipc = IpcTarget{b.cuda_ipc, b.addr, b.length, b.cuda_ipc_offset, b.cuda_device};
-            return Route::CudaIpc;
+        // KV pulls name runs of blocks in one buffer: try the last one first
+        // (a scan of every published buffer per request is what vLLM's one
+        // buffer per layer tensor would make quadratic).
+        const BufferDesc *b = memo.buffer;
+        if (!b || !range_within(it.remote_addr, it.length, b->addr, b->length)) {
+            b = nullptr;
+            for (const auto &c : d.buffers)
+                if (!c.cuda_ipc.empty() && range_within(it.remote_addr, it.length, c.addr, c.length)) {
+                    b = &c;
+                    break;
+                }
+            if (b) memo = IpcRouteMemo{b, ipc_->usable(b->cuda_ipc)};
         }
+        if (b && memo.usable) return Route::CudaIpc;
     }
     // Only host memory, and only ranges inside the host buffers the owner
     // published: anything else goes over TCP, where the owner rejects what
@@ -205,14 +213,14 @@ void TransferEngine::dispatch(int32_t target, std::vector<TransferItem> &items, 
     }
     thread_local std::vector<TransferItem> via_same, via_tcp;
     std::vector<TransferItem> via_ipc;  // GPU-only path: allocating here is fine
-    std::vector<IpcTarget> ipc_targets;
+    std::vector<const BufferDesc *> ipc_buffers;
     via_same.clear();
     via_tcp.clear();
+    IpcRouteMemo memo;
     for (auto &it : items) {
-        IpcTarget ipc{};
-        switch (route_of(t->routes, *desc, it, &ipc)) {
+        switch (route_of(t->routes, *desc, it, memo)) {
         case Route::CudaIpc:
-            ipc_targets.push_back(std::move(ipc));
+            ipc_buffers.push_back(memo.buffer);
             via_ipc.push_back(std::move(it));
             break;
         case Route::SameHost: via_same.push_back(std::move(it)); break;
@@ -222,7 +230,8 @@ void TransferEngine::dispatch(int32_t target, std::vector<TransferItem> &items, 
     if (!via_tcp.empty()) send_tcp(*desc, via_tcp);
     if (!via_same.empty()) same_host_client_->submit(desc, via_same);
     if (!via_ipc.empty())
-        ipc_->submit(via_ipc, ipc_targets, [this, desc](std::vector<TransferItem> &rerouted) { send_tcp(*desc, rerouted); });
+        ipc_->submit(desc, via_ipc, ipc_buffers,
+                     [this, desc](std::vector<TransferItem> &rerouted) { send_tcp(*desc, rerouted); });
     via_same.clear();
     via_tcp.clear();
 }

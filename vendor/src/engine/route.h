@@ -21,4 +21,13 @@ struct PeerRoutes {
     bool same_host = false;  // same host, the peer publishes its same-host socket
 };
 
+struct BufferDesc;
+
+// The published GPU buffer the last CUDA IPC request of a run targeted, and
+// whether its mapping is usable: requests come in runs against one buffer.
+struct IpcRouteMemo {
+    const BufferDesc *buffer = nullptr;
+    bool usable = false;
+};
+
 }  // namespace mcrs

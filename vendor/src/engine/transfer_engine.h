@@ -147,9 +147,11 @@ private:
     // What `d` offers this engine; throws StatusError (prefixed `where`)
     // when no installed transport reaches it.
     PeerRoutes peer_routes(const SegmentDesc &d, const std::string &where) const;
-    // The route of one request to a peer (fills *ipc for Route::CudaIpc).
+    // The route of one request to a peer; for Route::CudaIpc, memo.buffer
+    // is the published buffer it targets. One memo per run of requests to
+    // one peer.
     Route route_of(const PeerRoutes &p, const SegmentDesc &d, const struct TransferItem &it,
-                   struct IpcTarget *ipc) const;
+                   IpcRouteMemo &memo) const;
     // Checks request `i` (throws StatusError naming it), learns its target's
     // routes on first sight, pins its local range and fills `it`.
     void prepare_item(const Request &r, size_t i, std::vector<Target> &targets, struct TransferItem &it);

@@ -39,21 +39,34 @@ bool IpcTransport::usable(const std::string &handle) {
     return failed_.count(handle) == 0;
 }
 
-void IpcTransport::submit(std::vector<TransferItem> &items, std::vector<IpcTarget> &targets, Fallback fallback) {
+void IpcTransport::submit(const std::shared_ptr<const SegmentDesc> &desc, std::vector<TransferItem> &items,
+                          const std::vector<const BufferDesc *> &buffers, Fallback fallback) {
     std::vector<TransferItem> rejected;
     std::vector<size_t> now;  // already mapped: copy on this thread
     std::vector<gpu::IpcMapping> maps;
+    now.reserve(items.size());
+    maps.reserve(items.size());
     {
         std::lock_guard<std::mutex> g(mu_);
+        // Requests come in runs against one buffer: look its mapping up once
+        // per run, not once per request.
+        const BufferDesc *last = nullptr;
+        const gpu::IpcMapping *last_map = nullptr;
         for (size_t i = 0; i < items.size(); ++i) {
-            auto m = mappings_.find(targets[i].handle);
             if (stopping_) {
                 rejected.push_back(std::move(items[i]));
-            } else if (m != mappings_.end()) {
+                continue;
+            }
+            if (buffers[i] != last) {
+                last = buffers[i];
+                auto m = mappings_.find(last->cuda_ipc);
+                last_map = m == mappings_.end() ? nullptr : &m->second;
+            }
+            if (last_map) {
                 now.push_back(i);
-                maps.push_back(m->second);
+                maps.push_back(*last_map);
             } else {
-                jobs_.push_back(Job{std::move(items[i]), targets[i], fallback});
+                jobs_.push_back(Job{std::move(items[i]), buffers[i], desc, fallback});
             }
         }
         if (!now.empty()) ++inline_copies_;
@@ -61,38 +74,38 @@ void IpcTransport::submit(std::vector<TransferItem> &items, std::vector<IpcTarge
     cv_.notify_all();
     for (auto &it : rejected) it.fail("the engine is shutting down");
     if (now.empty()) return;
-    copy_batch(items, targets, now, maps);
+    copy_batch(items, buffers, now, maps);
     std::lock_guard<std::mutex> g(mu_);
     if (--inline_copies_ == 0) cv_.notify_all();
 }
 
-bool IpcTransport::map(const IpcTarget &t, gpu::IpcMapping &out, std::string &err) {
+bool IpcTransport::map(const BufferDesc &b, gpu::IpcMapping &out, std::string &err) {
     {
         std::lock_guard<std::mutex> g(mu_);
-        auto it = mappings_.find(t.handle);
+        auto it = mappings_.find(b.cuda_ipc);
         if (it != mappings_.end()) {
             out = it->second;
             return true;
         }
-        if (failed_.count(t.handle)) {
+        if (failed_.count(b.cuda_ipc)) {
             err = "mapping this allocation failed before";
             return false;
         }
     }
     gpu::IpcMapping fresh;
-    bool ok = gpu::ipc_open(t.handle, t.device, fresh, err);
+    bool ok = gpu::ipc_open(b.cuda_ipc, b.cuda_device, fresh, err);
     std::lock_guard<std::mutex> g(mu_);
     if (!ok) {
-        failed_.insert(t.handle);
+        failed_.insert(b.cuda_ipc);
         return false;
     }
-    auto ins = mappings_.emplace(t.handle, fresh);
+    auto ins = mappings_.emplace(b.cuda_ipc, fresh);
     if (!ins.second) {  // another worker mapped it meanwhile
         gpu::ipc_close(fresh);
         out = ins.first->second;
         return true;
     }
-    MC_LOG(Info, "mapped a peer GPU allocation of " << fresh.size << " bytes (peer's GPU " << t.device
+    MC_LOG(Info, "mapped a peer GPU allocation of " << fresh.size << " bytes (peer's GPU " << b.cuda_device
                                                     << ", mapped on GPU " << fresh.device << ") for the same-host path");
     out = fresh;
     return true;
@@ -110,7 +123,7 @@ void IpcTransport::work() {
         }
         std::string err;
         gpu::IpcMapping mapped;
-        if (!map(job.target, mapped, err)) {
+        if (!map(*job.buffer, mapped, err)) {
             MC_LOG(Warn, "same-host GPU path unavailable (" << err << "); using TCP");
             std::vector<TransferItem> one;
             one.push_back(std::move(job.item));
@@ -121,43 +134,46 @@ void IpcTransport::work() {
         // here: copy every queued item whose allocation is now mapped as
         // one batch (one pass over the queue), not one copy and wait each.
         std::vector<TransferItem> items;
-        std::vector<IpcTarget> targets;
+        std::vector<const BufferDesc *> buffers;
+        std::vector<std::shared_ptr<const SegmentDesc>> descs;  // own the buffers until copied
         std::vector<gpu::IpcMapping> maps;
         items.push_back(std::move(job.item));
-        targets.push_back(std::move(job.target));
+        buffers.push_back(job.buffer);
+        descs.push_back(std::move(job.desc));
         maps.push_back(mapped);
         {
             std::lock_guard<std::mutex> g(mu_);
             std::deque<Job> unmapped;
             for (auto &j : jobs_) {
-                auto m = mappings_.find(j.target.handle);
+                auto m = mappings_.find(j.buffer->cuda_ipc);
                 if (m == mappings_.end()) {
                     unmapped.push_back(std::move(j));
                     continue;
                 }
                 items.push_back(std::move(j.item));
-                targets.push_back(std::move(j.target));
+                buffers.push_back(j.buffer);
+                if (descs.back() != j.desc) descs.push_back(std::move(j.desc));
                 maps.push_back(m->second);
             }
             jobs_.swap(unmapped);
         }
         std::vector<size_t> idx(items.size());
         for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-        copy_batch(items, targets, idx, maps);
+        copy_batch(items, buffers, idx, maps);
     }
 }
 
-bool ipc_offset_in_mapping(const IpcTarget &t, uint64_t mapped_size, uint64_t addr, uint64_t len,
+bool ipc_offset_in_mapping(const BufferDesc &b, uint64_t mapped_size, uint64_t addr, uint64_t len,
                            uint64_t &offset) {
     // Both with the one range check: the buffer inside the allocation, then
     // the range inside the buffer; the sum below then cannot wrap.
-    if (!range_within(t.ipc_offset, t.buffer_len, 0, mapped_size)) return false;
-    if (!range_within(addr, len, t.buffer_addr, t.buffer_len)) return false;
-    offset = t.ipc_offset + (addr - t.buffer_addr);
+    if (!range_within(b.cuda_ipc_offset, b.length, 0, mapped_size)) return false;
+    if (!range_within(addr, len, b.addr, b.length)) return false;
+    offset = b.cuda_ipc_offset + (addr - b.addr);
     return true;
 }
 
-void IpcTransport::copy_batch(std::vector<TransferItem> &items, const std::vector<IpcTarget> &targets,
+void IpcTransport::copy_batch(std::vector<TransferItem> &items, const std::vector<const BufferDesc *> &buffers,
                               const std::vector<size_t> &idx, const std::vector<gpu::IpcMapping> &maps) {
     // One stream, one wait for the whole submission: a wait per item cost
     // more than a KV block's copy.
@@ -168,13 +184,13 @@ void IpcTransport::copy_batch(std::vector<TransferItem> &items, const std::vecto
     size_t refused = 0;
     for (size_t k = 0; k < idx.size(); ++k) {
         TransferItem &it = items[idx[k]];
-        const IpcTarget &t = targets[idx[k]];
+        const BufferDesc &b = *buffers[idx[k]];
         const gpu::IpcMapping &m = maps[k];
         uint64_t offset = 0;
-        if (!ipc_offset_in_mapping(t, m.size, it.remote_addr, it.length, offset)) {
+        if (!ipc_offset_in_mapping(b, m.size, it.remote_addr, it.length, offset)) {
             ++refused;
             it.fail("the peer's CUDA IPC descriptor places its buffer (mc_cuda_ipc_offset " +
-                    std::to_string(t.ipc_offset) + ", " + std::to_string(t.buffer_len) +
+                    std::to_string(b.cuda_ipc_offset) + ", " + std::to_string(b.length) +
                     " bytes) outside the allocation it maps (" + std::to_string(m.size) + " bytes)");
             continue;
         }

@@ -14,31 +14,26 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/segment_descriptor.h"
 #include "gpu/gpu.h"
 #include "transport/transport.h"
 
 namespace mcrs {
 
-struct IpcTarget {
-    std::string handle;      // the peer allocation's IPC handle (hex)
-    uint64_t buffer_addr;    // the advertised buffer, in the peer's addresses
-    uint64_t buffer_len;
-    uint64_t ipc_offset;     // of the buffer inside the allocation
-    int device;              // the peer's GPU ordinal
-};
-
-// Where the peer's bytes [addr, addr + len) lie inside its mapped
-// allocation of `mapped_size` bytes, as an offset from the mapping's base.
-// False unless the range is inside the advertised buffer and the whole
-// buffer (placed at the peer's `ipc_offset`) is inside the allocation: the
-// offset is the peer's word, the size is the driver's.
-bool ipc_offset_in_mapping(const IpcTarget &t, uint64_t mapped_size, uint64_t addr, uint64_t len,
+// Where the peer's bytes [addr, addr + len) lie inside the allocation that
+// published buffer `b` belongs to, mapped here with `mapped_size` bytes, as
+// an offset from the mapping's base. False unless the range is inside the
+// buffer and the whole buffer (placed at the peer's mc_cuda_ipc_offset) is
+// inside the allocation: the offset is the peer's word, the size is the
+// driver's.
+bool ipc_offset_in_mapping(const BufferDesc &b, uint64_t mapped_size, uint64_t addr, uint64_t len,
                            uint64_t &offset);
 
 class IpcTransport {
@@ -53,21 +48,25 @@ public:
 
     // False once mapping `handle` has failed: route to TCP directly.
     bool usable(const std::string &handle);
-    void submit(std::vector<TransferItem> &items, std::vector<IpcTarget> &targets, Fallback fallback);
+    // items[i] targets buffers[i]: a buffer of `desc` with an IPC handle
+    // (kept alive here while any of them waits for its mapping).
+    void submit(const std::shared_ptr<const SegmentDesc> &desc, std::vector<TransferItem> &items,
+                const std::vector<const BufferDesc *> &buffers, Fallback fallback);
     void stop();
     uint64_t copies() const { return copies_.load(std::memory_order_relaxed); }
 
 private:
     struct Job {
         TransferItem item;
-        IpcTarget target;
+        const BufferDesc *buffer = nullptr;
+        std::shared_ptr<const SegmentDesc> desc;  // owns *buffer
         Fallback fallback;
     };
     void work();
-    bool map(const IpcTarget &t, gpu::IpcMapping &out, std::string &err);
+    bool map(const BufferDesc &b, gpu::IpcMapping &out, std::string &err);
     // The items `idx` (their allocations mapped as `maps`), as one batched
     // copy.
-    void copy_batch(std::vector<TransferItem> &items, const std::vector<IpcTarget> &targets,
+    void copy_batch(std::vector<TransferItem> &items, const std::vector<const BufferDesc *> &buffers,
                     const std::vector<size_t> &idx, const std::vector<gpu::IpcMapping> &maps);
 
     std::mutex mu_;
