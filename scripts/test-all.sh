@@ -3,7 +3,7 @@
 # ASan/UBSan and TSan, all with -Wall -Wextra -Werror), every Rust test
 # including interop with upstream Mooncake, the bindings freshness check and
 # the docs. Installs missing test dependencies first. FUZZ_SECONDS (default
-# 30) is how long each libFuzzer target runs.
+# 20) is how long each libFuzzer target runs; longer runs: README, "Fuzzing".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -39,7 +39,7 @@ TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/vendor/tests/tsan.supp" make -s 
 step "multi-host: engines in two network namespaces, link cut mid-transfer"
 make -s -C vendor -j"$JOBS" netns-test
 
-FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 step "fuzz every peer-facing parser (${FUZZ_SECONDS} s each)"
 make -s -C vendor -j"$JOBS" fuzz
 make -s -C vendor fuzz-run FUZZ_SECONDS="$FUZZ_SECONDS"
@@ -69,16 +69,27 @@ cuda_env() { # major -> exports MOONCAKE_CUDA_HOME and CUDARC_CUDA_VERSION
     13) export MOONCAKE_CUDA_HOME=$PWD/.cuda/cu13/nvidia/cu13 CUDARC_CUDA_VERSION=13000 ;;
   esac
 }
-for major in 12 13; do
-  step "CUDA $major: C++ engine tests with CUDA compiled in"
-  make -s -C vendor -j"$JOBS" test CUDA=$major
+# CUDA 13 (what vLLM users install) gets the whole C++ and Rust suites with
+# CUDA compiled in; CUDA 12 gets its lints over every target, the crates
+# that hold the CUDA code, and the link check. The compile-fail suite
+# (trybuild) names no GPU type, so it runs once, in the CPU-only pass above.
+for major in 13 12; do
+  if [ "$major" = 13 ]; then
+    step "CUDA $major: C++ engine tests with CUDA compiled in"
+    make -s -C vendor -j"$JOBS" test CUDA=$major
+  fi
   cuda_env $major
   step "CUDA $major: clippy -D warnings --features cuda$major"
   cargo clippy --workspace --all-targets --features cuda$major -- -D warnings
-  step "CUDA $major: cargo test --workspace --features cuda$major"
-  MOONCAKE_REQUIRE_UPSTREAM=1 cargo test --workspace --features cuda$major
-  step "CUDA $major: docs build without warnings"
-  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q --features cuda$major
+  if [ "$major" = 13 ]; then
+    step "CUDA $major: cargo test --workspace --features cuda$major"
+    MOONCAKE_REQUIRE_UPSTREAM=1 cargo test --workspace --features cuda$major -- --skip misuse_does_not_compile
+    step "CUDA $major: docs build without warnings"
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q --features cuda$major
+  else
+    step "CUDA $major: cargo test -p mooncake-sys -p mooncake --features cuda$major"
+    cargo test -p mooncake-sys -p mooncake --features cuda$major -- --skip misuse_does_not_compile
+  fi
   step "CUDA $major: gpu_loopback links no libcudart; without a GPU it exits 2 and says why"
   cargo build -q --features cuda$major --example gpu_loopback
   if ldd target/debug/examples/gpu_loopback | grep libcudart; then
