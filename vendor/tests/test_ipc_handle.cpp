@@ -4,7 +4,10 @@
 // cudaIpcOpenMemHandle, and the offset bound in every build.
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "core/segment_descriptor.h"
 #include "engine_fixture.h"
 #include "gpu/ipc_handle.h"
 #include "transport/ipc/ipc_transport.h"
@@ -73,3 +76,32 @@ TEST(ipc_handle_codec_roundtrip_and_rejects) {
 }
 
 #endif
+
+// Routing trusts the last buffer a run of requests hit only where no two
+// buffers with a handle overlap; a peer that publishes overlapping ones gets
+// the first-match scan for every request.
+TEST(ipc_buffers_overlap_is_derived_when_decoding) {
+    auto with = [](std::vector<std::pair<uint64_t, uint64_t>> ranges, bool handles) {
+        mcrs::SegmentDesc d;
+        d.name = "127.0.0.1:12345";
+        d.protocol = "tcp";
+        for (auto r : ranges) {
+            mcrs::BufferDesc b;
+            b.name = "cuda:0";
+            b.addr = r.first;
+            b.length = r.second;
+            if (handles) b.cuda_ipc = std::string(128, 'a');
+            b.cuda_device = 0;
+            d.buffers.push_back(b);
+        }
+        return mcrs::decode_segment_desc(mcrs::encode_segment_desc(d));
+    };
+    CHECK(!with({{0x1000, 0x1000}, {0x2000, 0x1000}}, true).ipc_buffers_overlap);
+    CHECK(with({{0x2000, 0x1000}, {0x1000, 0x1001}}, true).ipc_buffers_overlap);
+    CHECK(with({{0x1000, 0x4000}, {0x2000, 0x10}}, true).ipc_buffers_overlap);
+    CHECK(!with({{0x1000, 0x4000}, {0x2000, 0x10}}, false).ipc_buffers_overlap);
+    CHECK(with({{UINT64_MAX - 0x20, 0x10}, {UINT64_MAX - 0x18, 0x8}}, true).ipc_buffers_overlap);
+    CHECK(!with({{UINT64_MAX - 0x20, 0x10}, {UINT64_MAX - 0x10, 0x10}}, true).ipc_buffers_overlap);
+    // Not decoded (built in code): no such promise.
+    CHECK(mcrs::SegmentDesc{}.ipc_buffers_overlap);
+}

@@ -215,6 +215,13 @@ SegmentDesc decode_segment_desc(const Json &j) {
         if (!gpu) d.host_ranges.emplace_back(b.addr, b.addr + b.length);
     }
     std::sort(d.host_ranges.begin(), d.host_ranges.end());
+    std::vector<std::pair<uint64_t, uint64_t>> ipc;  // [addr, end): no buffer wraps (checked above)
+    for (const auto &b : d.buffers)
+        if (!b.cuda_ipc.empty()) ipc.emplace_back(b.addr, b.addr + b.length);
+    std::sort(ipc.begin(), ipc.end());
+    d.ipc_buffers_overlap = false;
+    for (size_t i = 1; i < ipc.size(); ++i)
+        if (ipc[i].first < ipc[i - 1].second) d.ipc_buffers_overlap = true;
     return d;
 }
 

@@ -56,6 +56,9 @@ struct SegmentDesc {
     // Derived when decoding: the host-memory buffers, sorted by address,
     // as [addr, end) pairs (what the same-host path may target).
     std::vector<std::pair<uint64_t, uint64_t>> host_ranges;
+    // Derived when decoding: whether two buffers with a CUDA IPC handle
+    // overlap (then only a scan finds the first one holding a range).
+    bool ipc_buffers_overlap = true;
 
     // True when [addr, addr+len) lies inside one host-memory buffer.
     bool in_host_buffer(uint64_t addr, uint64_t len) const;

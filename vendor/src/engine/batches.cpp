@@ -173,8 +173,10 @@ Route TransferEngine::route_of(const PeerRoutes &p, const SegmentDesc &d, const 
     if (p.cuda_ipc) {
         // KV pulls name runs of blocks in one buffer: try the last one first
         // (a scan of every published buffer per request is what vLLM's one
-        // buffer per layer tensor would make quadratic).
-        const BufferDesc *b = memo.buffer;
+        // buffer per layer tensor would make quadratic). Only where no two
+        // handle buffers overlap is the last one also the first that holds
+        // the range.
+        const BufferDesc *b = d.ipc_buffers_overlap ? nullptr : memo.buffer;
         if (!b || !range_within(it.remote_addr, it.length, b->addr, b->length)) {
             b = nullptr;
             for (const auto &c : d.buffers)

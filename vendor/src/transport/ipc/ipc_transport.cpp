@@ -74,9 +74,15 @@ void IpcTransport::submit(const std::shared_ptr<const SegmentDesc> &desc, std::v
     cv_.notify_all();
     for (auto &it : rejected) it.fail("the engine is shutting down");
     if (now.empty()) return;
+    // stop() waits for inline copies: count this one down however it ends.
+    struct Done {
+        IpcTransport *t;
+        ~Done() {
+            std::lock_guard<std::mutex> g(t->mu_);
+            if (--t->inline_copies_ == 0) t->cv_.notify_all();
+        }
+    } done{this};
     copy_batch(items, buffers, now, maps);
-    std::lock_guard<std::mutex> g(mu_);
-    if (--inline_copies_ == 0) cv_.notify_all();
 }
 
 bool IpcTransport::map(const BufferDesc &b, gpu::IpcMapping &out, std::string &err) {
