@@ -1,8 +1,11 @@
 // The CUDA IPC descriptor keys a peer publishes (mc_cuda_ipc, and
 // mc_cuda_ipc_offset), checked without a GPU: the handle codec in CUDA
 // builds, where a malformed handle must be refused before it reaches
-// cudaIpcOpenMemHandle, and the offset bound in every build.
+// cudaIpcOpenMemHandle, the offset bound in every build, and the IPC
+// transport's hand-off of requests it cannot map.
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,4 +107,58 @@ TEST(ipc_buffers_overlap_is_derived_when_decoding) {
     CHECK(!with({{UINT64_MAX - 0x20, 0x10}, {UINT64_MAX - 0x10, 0x10}}, true).ipc_buffers_overlap);
     // Not decoded (built in code): no such promise.
     CHECK(mcrs::SegmentDesc{}.ipc_buffers_overlap);
+}
+
+// Requests for an allocation that cannot be mapped (here a malformed
+// handle, refused in every build) go to the IPC workers and come back
+// through the fallback. The workers are woken only when work is queued, so
+// every round must still reach them; after stop() a submission is refused
+// by name, not left waiting.
+TEST(ipc_transport_hands_unmappable_requests_to_the_fallback) {
+    constexpr size_t kItems = 64, kBlock = 4096;
+    mcrs::IpcTransport ipc(2);
+    auto desc = std::make_shared<mcrs::SegmentDesc>();
+    mcrs::BufferDesc b;
+    b.addr = 0x7f0000000000;
+    b.length = kItems * kBlock;
+    b.cuda_ipc = "not-a-cuda-ipc-handle";
+    b.cuda_device = 0;
+    desc->buffers.push_back(b);
+    std::vector<char> host(kItems * kBlock);
+    std::atomic<size_t> fell_back{0};
+    auto round = [&](std::string &first_error) {
+        auto batch = std::make_shared<mcrs::Batch>(1, kItems);
+        auto first = batch->reserve(kItems);
+        REQUIRE(first.has_value());
+        std::vector<mcrs::TransferItem> items(kItems);
+        for (size_t i = 0; i < kItems; ++i) {
+            items[i].batch = batch;
+            items[i].task = *first + i;
+            items[i].opcode = static_cast<int>(i % 2);
+            items[i].local = host.data() + i * kBlock;
+            items[i].remote_addr = b.addr + i * kBlock;
+            items[i].length = kBlock;
+        }
+        std::vector<const mcrs::BufferDesc *> buffers(kItems, &desc->buffers[0]);
+        ipc.submit(desc, items, buffers, [&](std::vector<mcrs::TransferItem> &back) {
+            fell_back += back.size();
+            for (auto &it : back) it.fail("fell back");
+        });
+        if (!batch->wait(30000)) return false;
+        first_error = batch->task(0).error;
+        for (size_t i = 0; i < kItems; ++i)
+            if (batch->observe(i, nullptr) != STATUS_FAILED) return false;
+        return true;
+    };
+    std::string why;
+    for (size_t r = 1; r <= 8; ++r) {
+        REQUIRE(round(why));
+        CHECK_EQ(why, std::string("fell back"));
+        CHECK_EQ(fell_back.load(), r * kItems);
+    }
+    CHECK_EQ(ipc.copies(), 0u);
+    ipc.stop();
+    REQUIRE(round(why));
+    CHECK(why.find("shutting down") != std::string::npos);
+    CHECK_EQ(fell_back.load(), 8 * kItems);
 }

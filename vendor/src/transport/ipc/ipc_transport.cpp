@@ -23,9 +23,9 @@ void IpcTransport::stop() {
         stopping_ = true;
         left.swap(jobs_);
         // Mappings are closed below: let copies on submitters' threads end.
-        cv_.wait(lk, [this] { return inline_copies_ == 0; });
+        drained_cv_.wait(lk, [this] { return inline_copies_ == 0; });
     }
-    cv_.notify_all();
+    work_cv_.notify_all();
     for (auto &j : left) j.item.fail("the engine is shutting down");
     for (auto &t : threads_)
         if (t.joinable()) t.join();
@@ -44,6 +44,7 @@ void IpcTransport::submit(const std::shared_ptr<const SegmentDesc> &desc, std::v
     std::vector<TransferItem> rejected;
     std::vector<size_t> now;  // already mapped: copy on this thread
     std::vector<gpu::IpcMapping> maps;
+    bool queued = false;
     now.reserve(items.size());
     maps.reserve(items.size());
     {
@@ -67,11 +68,14 @@ void IpcTransport::submit(const std::shared_ptr<const SegmentDesc> &desc, std::v
                 maps.push_back(*last_map);
             } else {
                 jobs_.push_back(Job{std::move(items[i]), buffers[i], desc, fallback});
+                queued = true;
             }
         }
         if (!now.empty()) ++inline_copies_;
     }
-    cv_.notify_all();
+    // Wake the workers only when there is work: waking both on every
+    // submission was a fixed cost that every copy paid.
+    if (queued) work_cv_.notify_all();
     for (auto &it : rejected) it.fail("the engine is shutting down");
     if (now.empty()) return;
     // stop() waits for inline copies: count this one down however it ends.
@@ -79,7 +83,7 @@ void IpcTransport::submit(const std::shared_ptr<const SegmentDesc> &desc, std::v
         IpcTransport *t;
         ~Done() {
             std::lock_guard<std::mutex> g(t->mu_);
-            if (--t->inline_copies_ == 0) t->cv_.notify_all();
+            if (--t->inline_copies_ == 0 && t->stopping_) t->drained_cv_.notify_all();
         }
     } done{this};
     copy_batch(items, buffers, now, maps);
@@ -93,10 +97,7 @@ bool IpcTransport::map(const BufferDesc &b, gpu::IpcMapping &out, std::string &e
             out = it->second;
             return true;
         }
-        if (failed_.count(b.cuda_ipc)) {
-            err = "mapping this allocation failed before";
-            return false;
-        }
+        if (failed_.count(b.cuda_ipc)) return false;  // said once, when it failed
     }
     gpu::IpcMapping fresh;
     bool ok = gpu::ipc_open(b.cuda_ipc, b.cuda_device, fresh, err);
@@ -122,7 +123,7 @@ void IpcTransport::work() {
         Job job;
         {
             std::unique_lock<std::mutex> lk(mu_);
-            cv_.wait(lk, [this] { return stopping_ || !jobs_.empty(); });
+            work_cv_.wait(lk, [this] { return stopping_ || !jobs_.empty(); });
             if (jobs_.empty()) return;
             job = std::move(jobs_.front());
             jobs_.pop_front();
@@ -130,7 +131,8 @@ void IpcTransport::work() {
         std::string err;
         gpu::IpcMapping mapped;
         if (!map(*job.buffer, mapped, err)) {
-            MC_LOG(Warn, "same-host GPU path unavailable (" << err << "); using TCP");
+            if (!err.empty())  // once per allocation, not per request
+                MC_LOG(Warn, "same-host GPU path unavailable (" << err << "); using TCP");
             std::vector<TransferItem> one;
             one.push_back(std::move(job.item));
             job.fallback(one);

@@ -63,6 +63,8 @@ private:
         Fallback fallback;
     };
     void work();
+    // The mapping of b's allocation, opened on first use. False when it
+    // cannot be mapped: `err` says why the first time and stays empty after.
     bool map(const BufferDesc &b, gpu::IpcMapping &out, std::string &err);
     // The items `idx` (their allocations mapped as `maps`), as one batched
     // copy.
@@ -70,7 +72,8 @@ private:
                     const std::vector<size_t> &idx, const std::vector<gpu::IpcMapping> &maps);
 
     std::mutex mu_;
-    std::condition_variable cv_;
+    std::condition_variable work_cv_;     // workers: a job was queued, or stop
+    std::condition_variable drained_cv_;  // stop(): the last inline copy ended
     std::deque<Job> jobs_;
     bool stopping_ = false;
     std::map<std::string, gpu::IpcMapping> mappings_;
