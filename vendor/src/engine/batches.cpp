@@ -184,7 +184,10 @@ Route TransferEngine::route_of(const PeerRoutes &p, const SegmentDesc &d, const 
                     b = &c;
                     break;
                 }
-            if (b) memo = IpcRouteMemo{b, ipc_->usable(b->cuda_ipc)};
+            // Ask the IPC transport (a lock) only when the buffer changes:
+            // with overlapping buffers every request scans, but runs still
+            // land in the same one.
+            if (b && b != memo.buffer) memo = IpcRouteMemo{b, ipc_->usable(b->cuda_ipc)};
         }
         if (b && memo.usable) return Route::CudaIpc;
     }
