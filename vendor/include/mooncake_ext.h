@@ -2,7 +2,8 @@
  * mooncake_ext.h - what the upstream-compatible C ABI (transfer_engine_c.h)
  * lacks: a per-engine configuration, the calling thread's last error, a log
  * sink, the engine version, remote segment buffer lists, batch waiting and
- * per-task failure reasons, and an ABI self-description for layout checks.
+ * per-task failure reasons, engine-allocated buffers, one-call synchronous
+ * transfers, and an ABI self-description for layout checks.
  *
  * Conventions: functions return 0 on success or a negative error code
  * (the ERR_* values below); every failure records a message for the calling
@@ -229,6 +230,32 @@ int mc_batch_status(transfer_engine_t engine, batch_id_t batch_id,
 /* Why a FAILED task failed, NUL-terminated (empty when it did not fail). */
 int mc_transfer_error(transfer_engine_t engine, batch_id_t batch_id, size_t task_id,
                       char *buf, size_t len, size_t *needed);
+
+/* Engine-allocated ("managed") buffers, as upstream's Python binding
+ * offers (allocate_managed_buffer / free_managed_buffer): `length` bytes,
+ * page-aligned and zeroed, registered with the engine (remote-accessible,
+ * `location` as for registerLocalMemory; NULL = "*"). Free with
+ * mc_managed_buffer_free and the same length; it waits for transfers that
+ * touch the buffer. Buffers still allocated go with the engine.
+ * ERR_ADDRESS_NOT_REGISTERED when `addr` is not a managed buffer of this
+ * engine, ERR_INVALID_ARGUMENT when the length differs. */
+int mc_managed_buffer_alloc(transfer_engine_t engine, size_t length, const char *location,
+                            void **out);
+int mc_managed_buffer_free(transfer_engine_t engine, void *addr, size_t length);
+
+/* One synchronous transfer, as upstream's Python transfer_sync_read /
+ * transfer_sync_write: opens `target_segment` (cached by name), moves
+ * `length` bytes between `local` (inside registered memory) and the
+ * target's address `remote_addr` (OPCODE_READ: into local; OPCODE_WRITE:
+ * from local) and returns once the request is terminal (the transports'
+ * timeouts bound the wait). 0 when it completed, MC_ERR_TRANSFER_FAILED
+ * with the reason when it failed, or the error of the open or submit. */
+int mc_transfer_sync(transfer_engine_t engine, const char *target_segment, int opcode, void *local,
+                     uint64_t remote_addr, uint64_t length);
+
+/* The transports installed now, as MC_PROTOCOL_* bits (createTransferEngine
+ * with auto_discover picks RDMA or TCP; uninstallTransport removes one). */
+int mc_engine_transports(transfer_engine_t engine, uint32_t *protocols);
 
 /* What an engine has done so far, by path. */
 typedef struct mc_engine_counters {

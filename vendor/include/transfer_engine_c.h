@@ -158,8 +158,11 @@ int genNotifyInEngine(transfer_engine_t engine, uint64_t target_id,
                       notify_msg_t notify_msg);
 
 /* Diagnostics. */
+/* Per-NIC load of the RDMA transport: fills up to *count entries and sets
+ * *count to the number of NICs (0 without RDMA). 0 on success, -1 for a
+ * null argument. */
 int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats,
-                    int *count);
+                    size_t *count);
 void enableGracefulShutdown(transfer_engine_t engine);
 int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len,
               int json);

@@ -1,5 +1,5 @@
-// The upstream-named entry points: construction, transports, and the calls
-// that report what this engine cannot do yet.
+// The upstream-named entry points: construction, transports, diagnostics
+// and bad arguments.
 #include <cstdlib>
 #include <cstring>
 
@@ -33,14 +33,16 @@ TEST(capi_create_with_upstream_signature) {
         if (old) setenv("MC_VERBS_LIBRARY", saved.c_str(), 1);
         else unsetenv("MC_VERBS_LIBRARY");
     }
-    CHECK_EQ(discoverTopology(e), ERR_NOT_IMPLEMENTED);
-    CHECK_EQ(uninstallTransport(e, "tcp"), ERR_NOT_IMPLEMENTED);
-    CHECK_EQ(showLinks(e, buf, sizeof buf, 1), ERR_NOT_IMPLEMENTED);
+    CHECK_EQ(discoverTopology(e), 0);
+    CHECK_EQ(showLinks(e, buf, sizeof buf, 1), 0);
+    CHECK(std::string(buf).find("local_nics") != std::string::npos);
     nic_load_stat_t stats[1];
-    int count = 1;
-    CHECK_EQ(getNicLoadStats(e, stats, &count), MC_STATUS_NOT_IMPLEMENTED);
+    size_t count = 1;
+    CHECK_EQ(getNicLoadStats(e, stats, &count), 0);
+    CHECK_EQ(count, 0u);  // no RDMA transport: no NICs
     CHECK_EQ(getNicLoadStats(e, nullptr, &count), -1);
-    CHECK_EQ(warmupEfaSegment(e, "x"), 0);
+    CHECK_EQ(warmupEfaSegment(e, "x"), ERR_NOT_IMPLEMENTED);
+    CHECK(std::string(mc_last_error_message()).find("EFA") != std::string::npos);
     CHECK_EQ(closeSegment(e, 12345), ERR_INVALID_ARGUMENT);
     CHECK_EQ(removeLocalSegment(e, ""), ERR_INVALID_ARGUMENT);
     enableGracefulShutdown(e);

@@ -90,7 +90,15 @@ TEST(bad_requests_rejected_at_submit) {
     transfer_status st{};
     CHECK_EQ(getTransferStatus(s.init, b, 0, &st), MC_STATUS_INVALID_ARGUMENT);
     CHECK_EQ(freeBatchID(s.init, b), MC_STATUS_INVALID_ARGUMENT);
-    CHECK_EQ(allocateBatchID(s.init, 0), INVALID_BATCH);
+    {
+        // Capacity 0 is an empty batch, as upstream: a submit does not fit.
+        batch_id_t z = allocateBatchID(s.init, 0);
+        CHECK(z != INVALID_BATCH);
+        transfer_request one{OPCODE_READ, s.imem.data(), s.seg, s.taddr(0), 8};
+        CHECK_EQ(submitTransfer(s.init, z, &one, 1), MC_STATUS_TOO_MANY_REQUESTS);
+        CHECK_EQ(submitTransfer(s.init, z, nullptr, 0), 0);
+        CHECK_EQ(freeBatchID(s.init, z), 0);
+    }
     CHECK(s.still_serving());
 }
 

@@ -3,12 +3,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "capi/api_guard.h"
 #include "common/text.h"
 #include "common/host_port.h"
 #include "core/request.h"
+#include "transport/rdma/rdma_transport.h"
 #include "transfer_engine_c.h"
 
 using namespace mcrs;
@@ -46,8 +48,12 @@ transfer_engine_t createTransferEngine(const char *metadata_conn_string,
                                        const char *local_server_name,
                                        const char *ip_or_host_name, uint64_t rpc_port,
                                        int auto_discover) {
-    (void)ip_or_host_name;  // ignored in P2PHANDSHAKE mode, as upstream does
-    (void)rpc_port;         // upstream ignores it too: the RPC port is random
+    // Like upstream: in P2PHANDSHAKE mode the host comes from
+    // local_server_name and the RPC port is random (or, with
+    // MC_LEGACY_RPC_PORT_BINDING, the port in local_server_name);
+    // ip_or_host_name and rpc_port are not used.
+    (void)ip_or_host_name;
+    (void)rpc_port;
     return guard_value<transfer_engine_t>("createTransferEngine", nullptr, [&]() -> transfer_engine_t {
         if (!metadata_conn_string)
             throw Error(kErrInvalidArgument, "metadata_conn_string is null");
@@ -55,10 +61,13 @@ transfer_engine_t createTransferEngine(const char *metadata_conn_string,
         EngineConfig cfg = EngineConfig::from_env();
         cfg.metadata_conn_string = metadata_conn_string;
         cfg.local_server_name = local_server_name;
-        cfg.protocols = auto_discover ? static_cast<uint32_t>(kProtoTcp) : 0u;
+        cfg.protocols = 0;
         if (ProcessOverrides::from_env().legacy_rpc_port_binding)
             cfg.rpc_port = parse_host_port(local_server_name).port;
-        return new TransferEngine(cfg);
+        auto e = std::make_unique<TransferEngine>(cfg);
+        // Upstream's auto-discovery: RDMA when a usable NIC exists, else TCP.
+        if (auto_discover) e->install_auto_transport();
+        return e.release();
     });
 }
 
@@ -71,10 +80,8 @@ void destroyTransferEngine(transfer_engine_t engine) {
 
 int discoverTopology(transfer_engine_t engine) {
     return guard_errcode("discoverTopology", [&]() -> int {
-        engine_of(engine, "discoverTopology");
-        throw Error(kErrNotImplemented,
-                    "discoverTopology is not supported: NICs are discovered when the RDMA transport is "
-                    "installed (mc_engine_rdma_topology reports the result)");
+        engine_of(engine, "discoverTopology")->discover_topology();
+        return 0;
     });
 }
 
@@ -104,9 +111,10 @@ transport_t installTransport(transfer_engine_t engine, const char *proto, void *
 
 int uninstallTransport(transfer_engine_t engine, const char *proto) {
     return guard_errcode("uninstallTransport", [&]() -> int {
-        engine_of(engine, "uninstallTransport");
-        throw Error(kErrNotImplemented, "uninstalling transport '" + str_or(proto, "") +
-                                            "' is not supported; destroy the engine instead");
+        TransferEngine *e = engine_of(engine, "uninstallTransport");
+        if (!proto) throw Error(kErrInvalidArgument, "protocol is null");
+        e->uninstall_transport(proto);
+        return 0;
     });
 }
 
@@ -148,10 +156,10 @@ int syncSegmentCache(transfer_engine_t engine) {
 }
 
 int warmupEfaSegment(transfer_engine_t engine, const char *segment_name) {
-    (void)segment_name;  // EFA-only in upstream; nothing to warm up here
-    return guard_errcode("warmupEfaSegment", [&] {
+    return guard_errcode("warmupEfaSegment", [&]() -> int {
         engine_of(engine, "warmupEfaSegment");
-        return 0;
+        throw Error(kErrNotImplemented, "cannot warm up segment '" + str_or(segment_name, "") +
+                                            "': this engine has no EFA transport (only 'tcp' and 'rdma')");
     });
 }
 
@@ -308,13 +316,31 @@ int genNotifyInEngine(transfer_engine_t engine, uint64_t target_id, notify_msg_t
     });
 }
 
-int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats, int *count) {
+int getNicLoadStats(transfer_engine_t engine, nic_load_stat_t *stats, size_t *count) {
+    // Like upstream: -1 for a null argument; otherwise up to *count entries
+    // are filled and *count becomes the number of NICs (more than were
+    // filled when the array was short). No RDMA transport: 0 NICs.
     if (!engine || !stats || !count) {
-        set_last_error(kErrInvalidArgument, "getNicLoadStats: null argument");
+        set_last_error(kErrInvalidArgument, std::string("getNicLoadStats: ") +
+                                                (!engine ? "engine handle" : !stats ? "stats" : "count") +
+                                                " is null");
         return -1;
     }
-    set_last_error(kErrNotImplemented, "getNicLoadStats is not supported: mc_engine_rdma_counters reports per-NIC work requests and bytes");
-    return kStatusNotImplemented;
+    return guard_status("getNicLoadStats", [&] {
+        auto t = static_cast<TransferEngine *>(engine)->rdma();
+        if (!t) {
+            *count = 0;
+            return 0;
+        }
+        auto nics = t->counters();
+        for (size_t i = 0; i < nics.size() && i < *count; ++i) {
+            std::snprintf(stats[i].device_name, sizeof stats[i].device_name, "%s", nics[i].name.c_str());
+            stats[i].inflight_bytes = nics[i].inflight_bytes;
+            stats[i].ewma_bandwidth_bps = nics[i].ewma_bps;
+        }
+        *count = nics.size();
+        return 0;
+    });
 }
 
 void enableGracefulShutdown(transfer_engine_t engine) {
@@ -325,12 +351,14 @@ void enableGracefulShutdown(transfer_engine_t engine) {
 }
 
 int showLinks(transfer_engine_t engine, char *buf_out, size_t buf_len, int json) {
-    (void)buf_out;
-    (void)buf_len;
-    (void)json;
-    return guard_errcode("showLinks", [&]() -> int {
-        engine_of(engine, "showLinks");
-        throw Error(kErrNotImplemented, "showLinks lists RDMA links; this engine has none");
+    // Like upstream: -1 without an engine or output buffer; the copy
+    // truncates (NUL-terminated).
+    return guard_errcode("showLinks", [&] {
+        TransferEngine *e = engine_of(engine, "showLinks");
+        if (!buf_out || buf_len == 0) throw Error(kErrInvalidArgument, "output buffer is empty");
+        std::string s = e->show_links(json != 0);
+        std::snprintf(buf_out, buf_len, "%s", s.c_str());
+        return 0;
     });
 }
 

@@ -21,7 +21,8 @@
 namespace mcrs {
 
 uint64_t TransferEngine::allocate_batch(size_t capacity) {
-    if (capacity == 0) throw Error(kErrInvalidArgument, "batch capacity must be at least 1");
+    // Capacity 0 is a valid (empty) batch, as upstream: every submit of
+    // one request or more to it is refused with TooManyRequests.
     if (capacity > (1u << 24))
         throw Error(kErrInvalidArgument,
                     "batch capacity " + std::to_string(capacity) + " exceeds the limit of 16777216");
@@ -114,8 +115,10 @@ void TransferEngine::prepare_item(const Request &r, size_t i, std::vector<Target
         if (!d)
             throw StatusError(kStatusInvalidArgument, where() + "unknown segment id " +
                                                           std::to_string(r.target_id) + " (open the segment first)");
-        PeerRoutes routes = peer_routes(*d, where());
-        targets.push_back(Target{r.target_id, std::move(d), routes});
+        auto rdma_now = d->protocol == "rdma" ? rdma() : nullptr;
+        PeerRoutes routes = peer_routes(*d, where(), rdma_now != nullptr);
+        if (!routes.rdma) rdma_now.reset();
+        targets.push_back(Target{r.target_id, std::move(d), routes, std::move(rdma_now)});
     }
     RegionPin pin = registry_.pin(src, r.length, /*need_remote=*/false);
     if (!pin)
@@ -146,9 +149,9 @@ void TransferEngine::dispatch_by_target(const Request *reqs, std::vector<Transfe
     }
 }
 
-PeerRoutes TransferEngine::peer_routes(const SegmentDesc &d, const std::string &where) const {
+PeerRoutes TransferEngine::peer_routes(const SegmentDesc &d, const std::string &where, bool rdma_now) const {
     PeerRoutes r;
-    r.rdma = d.protocol == "rdma" && rdma() != nullptr;
+    r.rdma = d.protocol == "rdma" && rdma_now;
     if (r.rdma) return r;
     // Not RDMA: the peer must be reachable over TCP (an RDMA peer counts
     // when it also publishes a TCP data port).
@@ -209,7 +212,7 @@ void TransferEngine::dispatch(int32_t target, std::vector<TransferItem> &items, 
         if (c.id == target) t = &c;
     const std::shared_ptr<const SegmentDesc> &desc = t->desc;
     if (t->routes.rdma) {
-        rdma()->submit(desc, items);
+        t->rdma->submit(desc, items);
         return;
     }
     if (!t->routes.cuda_ipc && !t->routes.same_host) {

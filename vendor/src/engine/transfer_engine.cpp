@@ -102,46 +102,49 @@ TransferEngine::~TransferEngine() {
     if (same_host_server_) same_host_server_->stop();
     if (tcp_server_) tcp_server_->stop();
     // Flushes RDMA work in flight (fails it) and deregisters every MR.
-    rdma_installed_.store(false);
-    rdma_.reset();
+    std::atomic_store(&rdma_, std::shared_ptr<rdma::RdmaTransport>());
     batches_.clear();
     registry_.clear();
+    release_managed();
+}
+
+rdma::RdmaTransportOptions TransferEngine::rdma_options(const std::string &topology_json) {
+    rdma::RdmaTransportOptions o;
+    o.topology_json = topology_json;
+    o.ready_ack_timeout_ms = cfg_.rdma_ready_ack_timeout_ms;
+    o.fetch_descriptor = [this](const std::string &n) { return fetch_descriptor(n); };
+    o.server_name = segment_name_;
+    o.allow = cfg_.device_allow_list;
+    o.deny = cfg_.device_deny_list;
+    o.gpu_mode = cfg_.gpu_registration_mode;
+    HandshakeClientOptions ho = client_options(cfg_);
+    o.send_handshake = [ho](const std::string &segment, const Json &body, uint32_t timeout_ms) {
+        HostPort hp = parse_host_port(segment);
+        HandshakeClientOptions x = ho;
+        if (timeout_ms) x.timeout_ms = timeout_ms;
+        return handshake_request(hp.host, hp.port, kHsConnection, body, x);
+    };
+    return o;
 }
 
 void TransferEngine::install_transport(const std::string &proto, const std::string &topology_json) {
     if (proto == "rdma") {
         std::lock_guard<std::mutex> g(install_mu_);
-        if (rdma_installed_.load()) {
+        if (auto cur = rdma()) {
             if (!topology_json.empty() &&
                 rdma::Topology::from_json_text(topology_json, kErrInvalidArgument, "installTransport topology")
                         .to_json()
-                        .dump() != rdma_->topology().to_json().dump())
+                        .dump() != cur->topology().to_json().dump())
                 throw Error(kErrInvalidArgument,
                             "the RDMA transport is already installed with another topology; create "
                             "the engine without the rdma protocol to install it with this one");
             return;
         }
-        rdma::RdmaTransportOptions o;
-        o.topology_json = topology_json;
-        o.ready_ack_timeout_ms = cfg_.rdma_ready_ack_timeout_ms;
-        o.fetch_descriptor = [this](const std::string &n) { return fetch_descriptor(n); };
-        o.server_name = segment_name_;
-        o.allow = cfg_.device_allow_list;
-        o.deny = cfg_.device_deny_list;
-        o.gpu_mode = cfg_.gpu_registration_mode;
-        HandshakeClientOptions ho = client_options(cfg_);
-        o.send_handshake = [ho](const std::string &segment, const Json &body, uint32_t timeout_ms) {
-            HostPort hp = parse_host_port(segment);
-            HandshakeClientOptions x = ho;
-            if (timeout_ms) x.timeout_ms = timeout_ms;
-            return handshake_request(hp.host, hp.port, kHsConnection, body, x);
-        };
-        auto t = std::make_unique<rdma::RdmaTransport>(std::move(o));
+        auto t = std::make_shared<rdma::RdmaTransport>(rdma_options(topology_json));
         // Memory registered before the transport came: register it now.
         for (const auto &r : registry_.snapshot(/*remote_only=*/false))
             t->register_region(r.addr, r.length, r.device, r.remote_accessible, r.location);
-        rdma_ = std::move(t);
-        rdma_installed_.store(true);
+        std::atomic_store(&rdma_, std::move(t));
         return;
     }
     if (proto != "tcp")
@@ -149,6 +152,10 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
                     "transport '" + proto + "' is not implemented (only 'tcp' and 'rdma' are)");
     std::lock_guard<std::mutex> g(install_mu_);
     if (tcp_installed_.load()) return;
+    if (tcp_retired_)
+        throw Error(kErrInvalidArgument,
+                    "the TCP transport was uninstalled from this engine and cannot be installed on it "
+                    "again; create a new engine");
     Fd data = listen_port(cfg_, cfg_.tcp_data_port, tcp_port_, "TCP data listener");
     TcpServerOptions so;
     so.progress_timeout_ms = cfg_.tcp_progress_timeout_ms;
@@ -187,17 +194,17 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
     tcp_installed_.store(true);
 }
 
-rdma::RdmaTransport &TransferEngine::rdma_or_throw() const {
-    auto *t = rdma();
+std::shared_ptr<rdma::RdmaTransport> TransferEngine::rdma_or_throw() const {
+    auto t = rdma();
     if (!t) throw Error(kErrInvalidArgument, "the RDMA transport is not installed on this engine");
-    return *t;
+    return t;
 }
 
-Json TransferEngine::rdma_topology() const { return rdma_or_throw().topology_json(); }
+Json TransferEngine::rdma_topology() const { return rdma_or_throw()->topology_json(); }
 
 Json TransferEngine::rdma_counters() const {
     Json a = Json::array();
-    for (const auto &c : rdma_or_throw().counters()) {
+    for (const auto &c : rdma_or_throw()->counters()) {
         Json o = Json::object();
         o.set("name", c.name);
         o.set("link_layer", c.link_layer);
@@ -239,13 +246,14 @@ TransferEngine::Counters TransferEngine::counters() const {
 SegmentDesc TransferEngine::local_descriptor() const {
     SegmentDesc d;
     d.name = segment_name_;
-    d.protocol = tcp_installed_.load() ? "tcp" : "";
+    const bool tcp = tcp_installed_.load();
+    d.protocol = tcp ? "tcp" : "";
     d.tcp_data_host = local_host_;
-    d.tcp_data_port = tcp_port_;
+    d.tcp_data_port = tcp ? tcp_port_ : 0;
     d.tcp_proto_version = 2;
     d.host_id = host_id_;
     d.process_token = process_token();
-    if (same_host_server_) d.same_host_socket = same_host_server_->socket_name();
+    if (same_host_server_ && tcp) d.same_host_socket = same_host_server_->socket_name();
     for (const auto &r : registry_.snapshot(/*remote_only=*/true)) {
         BufferDesc b;
         b.name = r.location.empty() ? "*" : r.location;
@@ -260,14 +268,14 @@ SegmentDesc TransferEngine::local_descriptor() const {
     }
     // RDMA: protocol "rdma", devices[], lkey/rkey, priority_matrix; the TCP
     // keys stay so TCP-only peers can still use this segment.
-    if (auto *t = rdma()) t->fill_descriptor(d);
+    if (auto t = rdma()) t->fill_descriptor(d);
     return d;
 }
 
 bool TransferEngine::handle_handshake(uint8_t type, const Json &req, Json &reply) {
     switch (type) {
         case kHsConnection: {
-            if (auto *t = rdma()) {
+            if (auto t = rdma()) {
                 reply = t->handle_connection(req);
                 return true;
             }
@@ -370,7 +378,7 @@ void TransferEngine::register_memory(void *addr, size_t len, const std::string &
     RegionInfo r{reinterpret_cast<uint64_t>(addr), len, remote, location};
     describe_region(r);
     registry_.add_batch({r});
-    if (auto *t = rdma()) {
+    if (auto t = rdma()) {
         try {
             t->register_region(r.addr, r.length, r.device, r.remote_accessible, r.location);
         } catch (...) {
@@ -384,7 +392,7 @@ void TransferEngine::register_memory_batch(const std::vector<RegionInfo> &region
     std::vector<RegionInfo> rs = regions;
     for (auto &r : rs) describe_region(r);
     registry_.add_batch(rs);
-    if (auto *t = rdma()) {
+    if (auto t = rdma()) {
         size_t done = 0;
         try {
             for (; done < rs.size(); ++done)
@@ -402,7 +410,7 @@ void TransferEngine::unregister_memory(void *addr) {
     // The registry waits for pins (transfers in flight) before removing;
     // only then are the MRs released.
     registry_.remove(reinterpret_cast<uint64_t>(addr));
-    if (auto *t = rdma()) t->deregister_region(reinterpret_cast<uint64_t>(addr));
+    if (auto t = rdma()) t->deregister_region(reinterpret_cast<uint64_t>(addr));
 }
 
 int32_t TransferEngine::open_segment(const std::string &raw, bool no_cache) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -31,6 +32,7 @@ class SameHostServer;
 class SameHostClient;
 namespace rdma {
 class RdmaTransport;
+struct RdmaTransportOptions;
 }
 
 class TransferEngine {
@@ -53,14 +55,33 @@ public:
     // `topology_json` (rdma only): a priority matrix replacing discovery and
     // MC_CUSTOM_TOPO_JSON; installing again with a different one throws.
     void install_transport(const std::string &proto, const std::string &topology_json = "");
+    // Removes an installed transport (admin.cpp). "rdma": new transfers no
+    // longer use it; RDMA work still in flight fails, and its memory
+    // registrations and queue pairs go once the last call using it returns.
+    // "tcp": new transfers no longer use it and the data listener stops;
+    // requests already handed to the TCP client finish. TCP cannot be
+    // installed again afterwards. Throws Error naming the cause when `proto`
+    // is unknown or not installed.
+    void uninstall_transport(const std::string &proto);
+    // Installs RDMA when it comes up (or MC_FORCE_HCA demands it), else TCP,
+    // as upstream's auto-discovery does; MC_FORCE_TCP skips RDMA.
+    void install_auto_transport();
     bool has_tcp() const { return tcp_installed_.load(); }
-    bool has_rdma() const { return rdma_installed_.load(); }
-    // The RDMA transport, or null when not installed.
-    rdma::RdmaTransport *rdma() const { return rdma_installed_.load() ? rdma_.get() : nullptr; }
+    bool has_rdma() const { return rdma() != nullptr; }
+    // The RDMA transport, or null when not installed. The reference keeps
+    // it alive across a concurrent uninstall.
+    std::shared_ptr<rdma::RdmaTransport> rdma() const { return std::atomic_load(&rdma_); }
     // The RDMA transport's topology and per-NIC counters as JSON; throw
     // kErrInvalidArgument when it is not installed.
     Json rdma_topology() const;
     Json rdma_counters() const;
+    // RDMA NIC discovery (admin.cpp). With RDMA installed: every NIC's port
+    // is read again. Without: NICs are probed as an RDMA install would and
+    // released again; finding none is a result (the reason is kept), not an
+    // error. The outcome is what show_links reports. Returns the NIC count.
+    size_t discover_topology();
+    // Local NICs, topology and installed transports, as text or JSON.
+    std::string show_links(bool json) const;
 
     // Memory.
     void register_memory(void *addr, size_t len, const std::string &location, bool remote);
@@ -113,6 +134,16 @@ public:
 
     void enable_graceful_shutdown() { graceful_.store(true); }
 
+    // Engine-allocated ("managed") buffers (managed.cpp): page-aligned,
+    // zeroed, registered with `location`; freed by free_managed or at
+    // destruction. free_managed checks that `addr` is one and `len` its size.
+    void *alloc_managed(size_t len, const std::string &location);
+    void free_managed(void *addr, size_t len);
+    // One request to segment `target` (opened, cached, by name), waited for
+    // until it is terminal; throws Error(kErrTransferFailed) with the
+    // reason when it fails. The transports' timeouts bound the wait.
+    void transfer_sync(const std::string &target, int opcode, void *local, uint64_t remote, uint64_t len);
+
     struct Counters {
         uint64_t tcp_sent, tcp_served, tcp_rejected, ipc_copies, local_copies;
         uint64_t same_host_sent, same_host_served;
@@ -134,7 +165,8 @@ private:
     void describe_region(RegionInfo &r) const;
     SegmentDesc fetch_descriptor(const std::string &name);
     std::shared_ptr<Batch> batch_or_throw(uint64_t id) const;
-    rdma::RdmaTransport &rdma_or_throw() const;
+    std::shared_ptr<rdma::RdmaTransport> rdma_or_throw() const;
+    void release_managed();  // destructor: unregisters and unmaps what is left
     void maybe_send_batch_notify(Batch &b);
     void run_local(std::vector<struct TransferItem> &items);
     void send_tcp(const SegmentDesc &d, std::vector<struct TransferItem> &items);
@@ -143,10 +175,13 @@ private:
         int32_t id;
         std::shared_ptr<const SegmentDesc> desc;
         PeerRoutes routes;
+        std::shared_ptr<rdma::RdmaTransport> rdma;  // set when routes.rdma
     };
     // What `d` offers this engine; throws StatusError (prefixed `where`)
     // when no installed transport reaches it.
-    PeerRoutes peer_routes(const SegmentDesc &d, const std::string &where) const;
+    // `rdma_now`: the RDMA transport as this submit sees it (may be null).
+    PeerRoutes peer_routes(const SegmentDesc &d, const std::string &where, bool rdma_now) const;
+    rdma::RdmaTransportOptions rdma_options(const std::string &topology_json);
     // The route of one request to a peer; for Route::CudaIpc, memo.buffer
     // is the published buffer it targets. One memo per run of requests to
     // one peer.
@@ -171,10 +206,15 @@ private:
     SegmentCache segments_;
     BatchTable batches_;
 
-    std::mutex install_mu_;
+    mutable std::mutex install_mu_;
     std::atomic<bool> tcp_installed_{false};
-    std::atomic<bool> rdma_installed_{false};
-    std::unique_ptr<rdma::RdmaTransport> rdma_;
+    bool tcp_retired_ = false;  // uninstalled: never installed again (install_mu_)
+    std::shared_ptr<rdma::RdmaTransport> rdma_;  // std::atomic_load / atomic_store only
+    // What discover_topology found without RDMA installed (install_mu_).
+    Json discovered_;
+    std::string discovery_note_;
+    mutable std::mutex managed_mu_;
+    std::map<uint64_t, size_t> managed_;  // engine-allocated buffers: addr -> length
     std::atomic<bool> graceful_{false};
     std::unique_ptr<TcpServer> tcp_server_;
     std::unique_ptr<TcpClient> tcp_client_;

@@ -15,6 +15,21 @@
 
 namespace mcrs::rdma {
 
+namespace {
+
+// One successful WR of `len` bytes posted at `posted_at`: folds its rate
+// into the NIC's EWMA (weight 1/8 for the new sample; the first sample is
+// taken as it is). Only the poller thread writes the EWMA.
+void note_rate(RdmaContext &c, uint64_t len, std::chrono::steady_clock::time_point posted_at) {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - posted_at).count();
+    if (secs <= 0.0) secs = 1e-9;
+    double sample = static_cast<double>(len) / secs;
+    double old = c.ewma_bps.load(std::memory_order_relaxed);
+    c.ewma_bps.store(old == 0.0 ? sample : old * 0.875 + sample * 0.125, std::memory_order_relaxed);
+}
+
+}  // namespace
+
 std::string RdmaTransport::rail_key(size_t nic, const std::string &peer_path) const {
     return ctxs_[nic]->name + "|" + peer_path;
 }
@@ -117,6 +132,7 @@ void RdmaTransport::expire_slices() {
         RdmaContext &c = *ctxs_[z->nic()];
         inflight_.fetch_sub(1);
         c.outstanding.fetch_sub(1);
+        c.inflight_bytes.fetch_sub(z->len);
         if (z->ep) {
             z->ep->qp_outstanding[z->qp_index].fetch_sub(1);
             drop_endpoint(z->ep);
@@ -160,10 +176,12 @@ void RdmaTransport::poller_loop() {
                 }
                 inflight_.fetch_sub(1);
                 c.outstanding.fetch_sub(1);
+                c.inflight_bytes.fetch_sub(s->len);
                 if (s->ep) s->ep->qp_outstanding[s->qp_index].fetch_sub(1);
                 int status = wcs[k].status;
                 if (status == ibv::IBV_WC_SUCCESS) {
                     c.bytes.fetch_add(s->len);
+                    note_rate(c, s->len, s->posted_at);
                     s->ep.reset();
                     finish_slice(s, true, "");
                     continue;

@@ -239,6 +239,7 @@ RdmaTransport::PostOutcome RdmaTransport::post_on_endpoint(Slice *s, const std::
     s->posted_at = std::chrono::steady_clock::now();
     ep->qp_outstanding[qi].fetch_add(1);
     c.outstanding.fetch_add(1);
+    c.inflight_bytes.fetch_add(s->len);
     inflight_.fetch_add(1);
     {
         // Before posting: the completion may beat us back.
@@ -256,6 +257,7 @@ RdmaTransport::PostOutcome RdmaTransport::post_on_endpoint(Slice *s, const std::
     }
     inflight_.fetch_sub(1);
     c.outstanding.fetch_sub(1);
+    c.inflight_bytes.fetch_sub(s->len);
     ep->qp_outstanding[qi].fetch_sub(1);
     s->ep.reset();
     if (rc == ENOMEM) return PostOutcome::QueueFull;

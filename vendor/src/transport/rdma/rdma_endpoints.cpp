@@ -413,4 +413,17 @@ void RdmaTransport::events_loop() {
 }
 
 
+size_t RdmaTransport::rediscover() {
+    size_t changed = 0;
+    for (size_t i = 0; i < ctxs_.size(); ++i) {
+        if (!refresh_port(i)) continue;
+        ++changed;
+        std::lock_guard<std::mutex> g(ep_mu_);
+        for (auto *m : {&active_, &passive_})
+            for (auto &kv : *m)
+                if (kv.second->nic == i) drop_endpoint(kv.second);
+    }
+    return changed;
+}
+
 }  // namespace mcrs::rdma

@@ -94,6 +94,8 @@ std::vector<RdmaNicCounters> RdmaTransport::counters() const {
         n.bytes = c->bytes.load();
         n.errors = c->errors.load();
         n.retries = c->retries.load();
+        n.inflight_bytes = c->inflight_bytes.load();
+        n.ewma_bps = c->ewma_bps.load();
         out.push_back(n);
     }
     return out;

@@ -57,6 +57,11 @@ struct RdmaContext {
     std::atomic<bool> usable{true};
     std::atomic<int> disabled_event{0};  // the async event that disabled it
     std::atomic<int> outstanding{0};     // WRs posted, completion not yet polled (<= CQ size)
+    // Load: bytes of the WRs counted in `outstanding`, and an EWMA of the
+    // rate (bytes per second, post to completion) of successful WRs. The
+    // EWMA is written by the poller thread only.
+    std::atomic<uint64_t> inflight_bytes{0};
+    std::atomic<double> ewma_bps{0.0};
     // Counters.
     std::atomic<uint64_t> wrs{0}, bytes{0}, errors{0}, retries{0};
     // lid, gid_index, gid, gid_text and active_mtu: written by discovery
@@ -75,6 +80,8 @@ struct RdmaNicCounters {
     int numa_node = -1;
     bool usable = false;
     uint64_t wrs = 0, bytes = 0, errors = 0, retries = 0;
+    uint64_t inflight_bytes = 0;  // posted, completion not yet polled
+    double ewma_bps = 0.0;        // bytes per second; 0 before the first completion
 };
 
 struct RdmaTransportOptions {
@@ -138,6 +145,10 @@ public:
     void submit(const std::shared_ptr<const SegmentDesc> &peer, std::vector<TransferItem> &items);
 
     std::vector<RdmaNicCounters> counters() const;
+    // Re-reads every NIC's port (GID, LID, MTU), as a GID_CHANGE event
+    // would; endpoints of a NIC whose address moved are dropped. Returns
+    // how many NICs changed address.
+    size_t rediscover();
     // {"devices":[{name, link_layer, numa_node, usable, gid, lid}], "priority_matrix":{...}}
     Json topology_json() const;
     const Topology &topology() const { return topo_; }
