@@ -2,7 +2,11 @@
 //! pthreads are all it needs: no cmake, no libclang) and links it statically.
 //!
 //! Environment (each read once, logged, and tracked for rebuilds):
-//! - `MOONCAKE_VENDOR_DIR`: engine sources (default: `../vendor`).
+//! - `MOONCAKE_VENDOR_DIR`: engine sources (default: `vendor/` next to this
+//!   file: in the repository a link to the workspace's `vendor/`, in the
+//!   published crate a copy that `cargo package` made through that link).
+//! - `DOCS_RS`: set by docs.rs, which builds documentation only: the engine
+//!   is neither compiled nor linked and no CUDA toolkit is looked for.
 //! - `MOONCAKE_SYS_WERROR=1`: treat C++ warnings as errors (CI sets it).
 //! - `MOONCAKE_SYS_OPT_LEVEL`: optimisation of the engine (default 2, even in
 //!   debug builds, so tests exercise a realistically fast engine).
@@ -36,6 +40,18 @@ mod cuda;
 
 fn main() {
     let (include, src) = locate_vendor();
+    if env("DOCS_RS").is_some() {
+        // Documentation needs the crate's items, not the engine: docs.rs
+        // has no network and no CUDA, and links nothing. The GPU items are
+        // documented for the CUDA major the features ask for.
+        let major = match cuda::wanted() {
+            Some(cuda::Want::Major(m)) => m,
+            Some(cuda::Want::Either) => 13,
+            None => 0,
+        };
+        emit_metadata(&include, major, 0);
+        return;
+    }
     let sources = track_sources(&include, &src);
     check_target_os();
     let mut build = engine_build(&include, &src, &sources);
@@ -55,26 +71,30 @@ fn main() {
     // dlopen/dlsym: the RDMA transport loads libibverbs at run time (and GPU
     // builds libcuda). In libc since glibc 2.34, in libdl before.
     println!("cargo:rustc-link-lib=dl");
-    emit_metadata(&include, toolkit.as_ref());
+    emit_metadata(
+        &include,
+        toolkit.as_ref().map_or(0, |t| t.major()),
+        toolkit.as_ref().map_or(0, |t| t.version),
+    );
 
     #[cfg(feature = "bindgen")]
     generate_bindings(&include);
 }
 
 /// The engine's `include/` and `src/` directories (`MOONCAKE_VENDOR_DIR`,
-/// else `../vendor`); panics with a hint when they are not there.
+/// else `vendor/` in this crate); panics with a hint when they are not there.
 fn locate_vendor() -> (PathBuf, PathBuf) {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let vendor = env("MOONCAKE_VENDOR_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| manifest.join("..").join("vendor"));
+        .unwrap_or_else(|| manifest.join("vendor"));
     let include = vendor.join("include");
     let src = vendor.join("src");
     if !include.join("transfer_engine_c.h").is_file() || !src.is_dir() {
         panic!(
-            "mooncake-sys: the engine sources were not found at {}.\n\
-             Build from the mooncake-rs workspace, or set MOONCAKE_VENDOR_DIR to the \
-             directory that holds include/transfer_engine_c.h and src/.",
+            "mooncake-sys: the engine sources were not found at {} (a checkout without \
+             symbolic links? mooncake-sys/vendor links to ../vendor); set MOONCAKE_VENDOR_DIR to \
+             the directory that holds include/transfer_engine_c.h and src/.",
             vendor.display()
         );
     }
@@ -142,20 +162,17 @@ fn link_cuda_runtime(tk: &cuda::Toolkit) {
 
 /// The CUDA version compiled in and the engine version, for this crate
 /// (`rustc-env`) and for dependents (`DEP_MOONCAKE_ENGINE_*`).
-fn emit_metadata(include: &Path, toolkit: Option<&cuda::Toolkit>) {
-    let major = toolkit.map(|t| t.major()).unwrap_or(0);
+/// `major` and `version` are 0 for a CPU-only engine.
+fn emit_metadata(include: &Path, major: u32, version: u32) {
     println!("cargo:cuda_major={major}");
-    println!(
-        "cargo:cuda_version={}",
-        toolkit.map(|t| t.version).unwrap_or(0)
-    );
+    println!("cargo:cuda_version={version}");
     println!("cargo:rustc-env=MOONCAKE_CUDA_MAJOR={major}");
 
     // Metadata for dependents (DEP_MOONCAKE_ENGINE_*).
     println!("cargo:include={}", include.display());
-    let version = engine_version(include);
-    println!("cargo:version={version}");
-    println!("cargo:rustc-env=MOONCAKE_ENGINE_VERSION={version}");
+    let engine = engine_version(include);
+    println!("cargo:version={engine}");
+    println!("cargo:rustc-env=MOONCAKE_ENGINE_VERSION={engine}");
 }
 
 /// Reads MC_ENGINE_VERSION from the extension header.

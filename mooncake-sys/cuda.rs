@@ -9,6 +9,10 @@
 //! 4. the PyPI runtime packages in Python's site-packages (and
 //!    `$VIRTUAL_ENV`): `nvidia/cuda_runtime` from `nvidia-cuda-runtime-cu12`
 //!    (12.x) and `nvidia/cu13` from `nvidia-cuda-runtime` (13.x).
+//! 5. the same packages where the workspace's
+//!    `scripts/install-cuda-runtimes.sh` puts them (`.cuda/cu12`,
+//!    `.cuda/cu13` at the workspace root), so a checkout builds the CUDA
+//!    features with no variable set.
 //!
 //! The version comes from `CUDA_VERSION` in `cuda.h`; a toolkit of the other
 //! major is refused with a message that names the feature, what was found
@@ -171,7 +175,24 @@ fn candidates(want: Want, env: &dyn Fn(&str) -> Option<String>) -> Vec<(PathBuf,
             ));
         }
     }
+    for m in majors(want) {
+        if let Some(dir) = workspace_runtime(*m) {
+            candidates.push((dir, "scripts/install-cuda-runtimes.sh".into()));
+        }
+    }
     candidates
+}
+
+/// Where `scripts/install-cuda-runtimes.sh` installs the runtime of `major`,
+/// when this crate is built inside the workspace (its parent holds `.cuda`).
+fn workspace_runtime(major: u32) -> Option<PathBuf> {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR")?);
+    let sub = if major == 12 {
+        "cu12/nvidia/cuda_runtime"
+    } else {
+        "cu13/nvidia/cu13"
+    };
+    Some(manifest.parent()?.join(".cuda").join(sub))
 }
 
 /// `/usr/local/cuda-<major>*`, newest first.
@@ -216,10 +237,10 @@ fn first_acceptable(want: Want, candidates: Vec<(PathBuf, String)>) -> Result<To
         Some(tk) => Err(mismatch(want, &tk, &seen)),
         None => Err(format!(
             "mooncake-sys: {}, and none was found (looked at MOONCAKE_CUDA_HOME, CUDA_HOME, CUDA_PATH, \
-             /usr/local/cuda-*, /usr/local/cuda and Python site-packages).\n\
-             Install one, e.g. `pip install nvidia-cuda-runtime-cu12` (12.x) or `pip install nvidia-cuda-runtime` \
-             (13.x), and/or set MOONCAKE_CUDA_HOME to the directory holding include/cuda.h and lib/libcudart_static.a \
-             (for the PyPI packages: <site-packages>/nvidia/cuda_runtime or <site-packages>/nvidia/cu13).",
+             /usr/local/cuda*, Python site-packages, .cuda/): install one with \
+             `pip install nvidia-cuda-runtime-cu12` (12.x) or `pip install nvidia-cuda-runtime` (13.x), \
+             or run scripts/install-cuda-runtimes.sh in a checkout, or set MOONCAKE_CUDA_HOME to a \
+             directory holding include/cuda.h and lib/libcudart_static.a",
             want.describe()
         )),
     }
@@ -228,10 +249,9 @@ fn first_acceptable(want: Want, candidates: Vec<(PathBuf, String)>) -> Result<To
 fn mismatch(want: Want, tk: &Toolkit, seen: &[String]) -> String {
     let other = if tk.major() == 12 { "cuda12" } else { "cuda13" };
     format!(
-        "mooncake-sys: {}, but found CUDA {} at {} (via {}){}.\n\
-         Point MOONCAKE_CUDA_HOME at a toolkit of the right major (or at <site-packages>/nvidia/cuda_runtime from \
-         `pip install nvidia-cuda-runtime-cu12`, <site-packages>/nvidia/cu13 from `pip install nvidia-cuda-runtime`), \
-         or build with feature `{other}` to match the toolkit you have.",
+        "mooncake-sys: {}, but found CUDA {} at {} (via {}){}: build with feature `{other}` to match it, \
+         or install the right major (`pip install nvidia-cuda-runtime-cu12` for 12.x, \
+         `pip install nvidia-cuda-runtime` for 13.x) or point MOONCAKE_CUDA_HOME at it",
         want.describe(),
         tk.version_string(),
         tk.root.display(),

@@ -13,8 +13,8 @@ out=target/gpu-bundle
 rm -rf "$out"
 for major in 12 13; do
   case $major in
-    12) home=$PWD/.cuda/cu12/nvidia/cuda_runtime; cudarc=12090 ;;
-    13) home=$PWD/.cuda/cu13/nvidia/cu13; cudarc=13000 ;;
+    12) home=$PWD/.cuda/cu12/nvidia/cuda_runtime ;;
+    13) home=$PWD/.cuda/cu13/nvidia/cu13 ;;
   esac
   d=$out/cu$major
   mkdir -p "$d"
@@ -22,8 +22,8 @@ for major in 12 13; do
     LDEXTRA="-static-libstdc++ -static-libgcc" all gpu_bench
   cp vendor/build/bundle-cu$major/engine_tests vendor/build/bundle-cu$major/gpu_bench \
     vendor/build/bundle-cu$major/libmc_softverbs.so "$d/"
-  export MOONCAKE_CUDA_HOME=$home CUDARC_CUDA_VERSION=$cudarc
-  tests=$(cargo test --release -p mooncake --features cuda$major --test gpu --no-run \
+  export MOONCAKE_CUDA_HOME=$home
+  tests=$(cargo test --release -p mooncake --features cuda$major,cudarc --test gpu --no-run \
     --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:

@@ -60,50 +60,48 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
 step "example: loopback"
 cargo run -q --example loopback
 
-# CUDA builds: against the PyPI runtimes in .cuda/ (no toolkit, no GPU here).
-# The whole CPU suite must pass with CUDA compiled in, GPU calls must fail
-# cleanly, and the runtime must be linked statically.
-cuda_env() { # major -> exports MOONCAKE_CUDA_HOME and CUDARC_CUDA_VERSION
-  case $1 in
-    12) export MOONCAKE_CUDA_HOME=$PWD/.cuda/cu12/nvidia/cuda_runtime CUDARC_CUDA_VERSION=12090 ;;
-    13) export MOONCAKE_CUDA_HOME=$PWD/.cuda/cu13/nvidia/cu13 CUDARC_CUDA_VERSION=13000 ;;
-  esac
-}
+# CUDA builds: against the PyPI runtimes in .cuda/ (no toolkit, no GPU here),
+# found by the build itself: no CUDA variable is set. The whole CPU suite
+# must pass with CUDA compiled in, GPU calls must fail cleanly, and the
+# runtime must be linked statically.
+unset MOONCAKE_CUDA_HOME CUDA_HOME CUDA_PATH CUDARC_CUDA_VERSION
 # CUDA 13 (what vLLM users install) gets the whole C++ and Rust suites with
-# CUDA compiled in; CUDA 12 gets its lints over every target, the crates
-# that hold the CUDA code, and the link check. The compile-fail suite
-# (trybuild) names no GPU type, so it runs once, in the CPU-only pass above.
+# CUDA compiled in; CUDA 12 gets its lints and tests over the crates that
+# hold the CUDA code, and the link check. The compile-fail suite (trybuild)
+# names no GPU type, so it runs once, in the CPU-only pass above.
 for major in 13 12; do
   if [ "$major" = 13 ]; then
     step "CUDA $major: C++ engine tests with CUDA compiled in"
     make -s -C vendor -j"$JOBS" test CUDA=$major
-  fi
-  cuda_env $major
-  step "CUDA $major: clippy -D warnings --features cuda$major"
-  cargo clippy --workspace --all-targets --features cuda$major -- -D warnings
-  if [ "$major" = 13 ]; then
-    step "CUDA $major: cargo test --workspace --features cuda$major"
-    MOONCAKE_SKIP_COMPILE_FAIL=1 MOONCAKE_REQUIRE_UPSTREAM=1 cargo test --workspace --features cuda$major
-    step "CUDA $major: docs build without warnings"
-    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q --features cuda$major
+    step "CUDA $major: clippy -D warnings --features cuda$major,mooncake/cudarc"
+    cargo clippy --workspace --all-targets --features cuda$major,mooncake/cudarc -- -D warnings
+    step "CUDA $major: cargo test --workspace --features cuda$major,mooncake/cudarc"
+    MOONCAKE_SKIP_COMPILE_FAIL=1 MOONCAKE_REQUIRE_UPSTREAM=1 cargo test --workspace --features cuda$major,mooncake/cudarc
   else
-    step "CUDA $major: cargo test -p mooncake-sys -p mooncake --features cuda$major"
+    step "CUDA $major: clippy -D warnings and tests of mooncake-sys and mooncake --features cuda$major"
+    cargo clippy -p mooncake-sys -p mooncake --all-targets --features cuda$major -- -D warnings
     MOONCAKE_SKIP_COMPILE_FAIL=1 cargo test -p mooncake-sys -p mooncake --features cuda$major
   fi
-  step "CUDA $major: gpu_loopback links no libcudart; without a GPU it exits 2 and says why"
+  step "CUDA $major: cargo build --features cuda$major (nothing set); gpu_loopback links no libcudart, without a GPU exits 2"
   cargo build -q --features cuda$major --example gpu_loopback
   if ldd target/debug/examples/gpu_loopback | grep libcudart; then
     echo "gpu_loopback links libcudart dynamically" >&2; exit 1
   fi
   rc=0; target/debug/examples/gpu_loopback || rc=$?
   [ "$rc" -eq 0 ] || [ "$rc" -eq 2 ] || { echo "gpu_loopback: want exit 0 (GPU) or 2 (none), got $rc" >&2; exit 1; }
-  unset MOONCAKE_CUDA_HOME CUDARC_CUDA_VERSION
 done
 
 step "cargo build --all-features (cuda12 + cuda13: either major)"
-cuda_env 12
 cargo build -q --workspace --all-features
-unset MOONCAKE_CUDA_HOME CUDARC_CUDA_VERSION
+
+# What docs.rs does: DOCS_RS set, the features of [package.metadata.docs.rs],
+# no toolkit (the variable points nowhere: the build script must not look).
+step "docs.rs build: DOCS_RS=1 --features cuda13,cudarc, no CUDA toolkit, warnings denied"
+DOCS_RS=1 MOONCAKE_CUDA_HOME=/nonexistent CARGO_TARGET_DIR=target/docsrs RUSTDOCFLAGS="-D warnings" \
+  cargo doc --no-deps -q -p mooncake-sys -p mooncake --features mooncake/cuda13,mooncake/cudarc
+
+step "packaging: cargo package --workspace (verified, offline); the packages build and run alone"
+MOONCAKE_SYS_OPT_LEVEL=0 scripts/check-package.sh
 
 step "end-to-end: prefill, decode and proxy processes (TP 1:1, 2:1, 1:2)"
 scripts/run_pd_example.sh

@@ -8,7 +8,7 @@
 //! error naming the build's major and the driver's version ([`info`]).
 //!
 //! Registered device memory works like host memory: [`DeviceBuffer`] (or a
-//! cudarc `CudaSlice<u8>` with those features) goes into
+//! cudarc `CudaSlice<u8>` with the `cudarc` feature) goes into
 //! [`Engine::register`](crate::Engine::register), and batches move it over
 //! TCP (staged through pinned buffers), between engines on one host through
 //! CUDA IPC, or within one engine by the copy engines.
@@ -160,7 +160,7 @@ unsafe impl RegisterableMemory for DeviceBuffer {
     }
 }
 
-#[cfg(any(feature = "cuda12", feature = "cuda13"))]
+#[cfg(feature = "cudarc")]
 // SAFETY: a CudaSlice's device allocation never moves while the slice lives,
 // is valid for `num_bytes()` bytes and is owned by the slice.
 unsafe impl RegisterableMemory for cudarc::driver::CudaSlice<u8> {

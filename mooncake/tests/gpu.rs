@@ -84,7 +84,7 @@ fn main() {
             dmabuf_export_of_registered_gpu_memory,
         ),
     ];
-    #[cfg(any(feature = "cuda12", feature = "cuda13"))]
+    #[cfg(feature = "cudarc")]
     tests.push(trial(
         "cudarc_slices_owned_and_borrowed",
         lane.clone(),
@@ -221,7 +221,7 @@ fn dmabuf_export_of_registered_gpu_memory() {
     assert!(err.to_string().contains("not device memory"), "{err}");
 }
 
-#[cfg(any(feature = "cuda12", feature = "cuda13"))]
+#[cfg(feature = "cudarc")]
 fn cudarc_slices_owned_and_borrowed() {
     use cudarc::driver::CudaContext;
     let ctx = CudaContext::new(0).unwrap();
