@@ -717,7 +717,7 @@ unsafe extern "C" {
     pub fn getNicLoadStats(
         engine: transfer_engine_t,
         stats: *mut nic_load_stat_t,
-        count: *mut ::core::ffi::c_int,
+        count: *mut usize,
     ) -> ::core::ffi::c_int;
     pub fn enableGracefulShutdown(engine: transfer_engine_t);
     pub fn showLinks(
@@ -817,6 +817,29 @@ unsafe extern "C" {
         buf: *mut ::core::ffi::c_char,
         len: usize,
         needed: *mut usize,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_managed_buffer_alloc(
+        engine: transfer_engine_t,
+        length: usize,
+        location: *const ::core::ffi::c_char,
+        out: *mut *mut ::core::ffi::c_void,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_managed_buffer_free(
+        engine: transfer_engine_t,
+        addr: *mut ::core::ffi::c_void,
+        length: usize,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_transfer_sync(
+        engine: transfer_engine_t,
+        target_segment: *const ::core::ffi::c_char,
+        opcode: ::core::ffi::c_int,
+        local: *mut ::core::ffi::c_void,
+        remote_addr: u64,
+        length: u64,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_engine_transports(
+        engine: transfer_engine_t,
+        protocols: *mut u32,
     ) -> ::core::ffi::c_int;
     pub fn mc_engine_get_counters(
         engine: transfer_engine_t,

@@ -5,9 +5,9 @@ use crate::batch::Batch;
 use crate::config::{EngineBuilder, GpuRegistration};
 use crate::error::Result;
 use crate::ffi;
-use crate::memory::{Access, RegisterableMemory, RegisteredSlice, Registration};
+use crate::memory::{Access, ManagedBuffer, RegisterableMemory, RegisteredSlice, Registration};
 use crate::notify::Notification;
-use crate::rdma::{RdmaCounters, RdmaTopology};
+use crate::rdma::{NicLoad, RdmaCounters, RdmaTopology};
 use crate::segment::RemoteSegment;
 use crate::shared::EngineShared;
 
@@ -94,6 +94,79 @@ impl Engine {
         access: Access,
     ) -> Result<Registration<M>> {
         Registration::new(self.shared.clone(), memory, location, access)
+    }
+
+    /// Registers several memories with one engine call (upstream's
+    /// `registerLocalMemoryBatch`: one descriptor update; all or none are
+    /// registered). They are remote-accessible, as upstream's batch call
+    /// makes them.
+    pub fn register_batch<M: RegisterableMemory>(
+        &self,
+        memories: Vec<M>,
+        location: &str,
+    ) -> Result<Vec<Registration<M>>> {
+        Registration::new_batch(self.shared.clone(), memories, location)
+    }
+
+    /// A buffer of `len` bytes that the engine allocates and registers
+    /// (upstream's managed buffer); freed when dropped.
+    pub fn alloc_managed(&self, len: usize, location: &str) -> Result<ManagedBuffer> {
+        ManagedBuffer::new(self.shared.clone(), len, location)
+    }
+
+    /// Graceful shutdown, as upstream's `enableGracefulShutdown`: when the
+    /// engine is finally dropped, it first waits for every batch still in
+    /// flight (bounded by the TCP progress timeout) instead of failing it.
+    pub fn enable_graceful_shutdown(&self) {
+        self.shared.raw.enable_graceful_shutdown();
+        tracing::debug!(target: "mooncake", "graceful shutdown enabled");
+    }
+
+    /// Per-NIC load of the RDMA transport (upstream's `getNicLoadStats`);
+    /// empty without RDMA.
+    pub fn nic_load(&self) -> Result<Vec<NicLoad>> {
+        Ok(self
+            .shared
+            .raw
+            .nic_load_stats()?
+            .into_iter()
+            .map(|n| NicLoad {
+                device: n.device,
+                inflight_bytes: n.inflight_bytes,
+                ewma_bandwidth_bps: n.ewma_bandwidth_bps,
+            })
+            .collect())
+    }
+
+    /// Local NICs, NIC topology and installed transports (upstream's
+    /// `showLinks`), as readable text or JSON.
+    pub fn show_links(&self, json: bool) -> Result<String> {
+        self.shared.raw.show_links(json)
+    }
+
+    /// Runs NIC discovery again (upstream's `discoverTopology`): re-reads
+    /// the ports of the RDMA NICs, or, without RDMA, probes for NICs; what
+    /// it found shows in [`show_links`](Self::show_links).
+    pub fn discover_topology(&self) -> Result<()> {
+        self.shared.raw.discover_topology()
+    }
+
+    /// Removes an installed transport (`"rdma"` or `"tcp"`, upstream's
+    /// `uninstallTransport`); new transfers no longer use it. RDMA transfers
+    /// in flight fail; TCP ones finish, and TCP cannot be installed again.
+    pub fn uninstall_transport(&self, protocol: &str) -> Result<()> {
+        self.shared.raw.uninstall_transport(protocol)?;
+        tracing::info!(target: "mooncake", protocol, "transport uninstalled");
+        Ok(())
+    }
+
+    /// Whether the TCP and RDMA transports are installed now.
+    pub fn transports(&self) -> Result<(bool, bool)> {
+        let p = self.shared.raw.transports()?;
+        Ok((
+            p & mooncake_sys::MC_PROTOCOL_TCP != 0,
+            p & mooncake_sys::MC_PROTOCOL_RDMA != 0,
+        ))
     }
 
     /// Registers a borrowed buffer for the duration of `f`. The buffer is

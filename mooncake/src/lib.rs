@@ -115,9 +115,12 @@ pub use config::{EngineBuilder, GpuRegistration, Metadata, Protocol, TcpVersion}
 pub use engine::{Engine, EngineCounters};
 pub use error::{Error, ErrorCode, Result};
 pub use memory::{
-    Access, HostBuffer, LocalMemory, RegisterableMemory, RegisteredSlice, Registration,
+    Access, HostBuffer, LocalMemory, ManagedBuffer, RegisterableMemory, RegisteredSlice,
+    Registration,
 };
 pub use mooncake_sys as sys;
 pub use notify::Notification;
-pub use rdma::{LinkLayer, NicCounters, NicPreference, RdmaCounters, RdmaDevice, RdmaTopology};
+pub use rdma::{
+    LinkLayer, NicCounters, NicLoad, NicPreference, RdmaCounters, RdmaDevice, RdmaTopology,
+};
 pub use segment::{RemoteBuffer, RemoteSegment};

@@ -345,3 +345,87 @@ impl sealed::Sealed for RegisteredSlice<'_> {
     }
 }
 impl LocalMemory for RegisteredSlice<'_> {}
+
+impl<M: RegisterableMemory> Registration<M> {
+    /// Registers every memory with one engine call (`registerLocalMemoryBatch`:
+    /// one descriptor update, all or nothing), remote-accessible.
+    pub(crate) fn new_batch(
+        engine: Arc<EngineShared>,
+        memories: Vec<M>,
+        location: &str,
+    ) -> Result<Vec<Self>> {
+        Ok(engine
+            .raw
+            .register_batch(memories, location)?
+            .into_iter()
+            .map(|inner| Self { inner })
+            .collect())
+    }
+}
+
+/// A buffer the engine allocated and registered (upstream's managed buffer,
+/// `allocate_managed_buffer`): page-aligned, zeroed, remote-accessible.
+/// Dropping it unregisters it (waiting for transfers that touch it) and the
+/// engine frees it.
+pub struct ManagedBuffer {
+    region: RegisteredRegion,
+}
+
+impl ManagedBuffer {
+    pub(crate) fn new(engine: Arc<EngineShared>, len: usize, location: &str) -> Result<Self> {
+        let region = engine.raw.alloc_managed(len, location)?;
+        tracing::debug!(target: "mooncake", addr = region.addr(), len, "managed buffer allocated");
+        Ok(Self { region })
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` out of the buffer.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.region.read_at(offset, out)
+    }
+
+    /// Copies `data` into the buffer at `offset`.
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        self.region.write_at(offset, data)
+    }
+
+    /// Copies `data` in through a shared reference, with relaxed atomic
+    /// stores (see [`Registration::write_shared`]).
+    pub fn write_shared(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.region.write_shared(offset, data)
+    }
+
+    /// Sets every byte of the buffer.
+    pub fn fill(&mut self, byte: u8) -> Result<()> {
+        self.region.fill(byte)
+    }
+
+    /// Copies the whole buffer into a new vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.region.len()];
+        self.region
+            .read_at(0, &mut v)
+            .expect("whole range is in bounds");
+        v
+    }
+
+    /// Where the engine says this buffer lives, as published to peers.
+    pub fn location(&self) -> Result<String> {
+        self.region.location()
+    }
+}
+
+impl std::fmt::Debug for ManagedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedBuffer")
+            .field("addr", &format_args!("{:#x}", self.region.addr()))
+            .field("len", &self.region.len())
+            .finish()
+    }
+}
+
+impl sealed::Sealed for ManagedBuffer {
+    fn region(&self) -> &RegisteredRegion {
+        &self.region
+    }
+}
+impl LocalMemory for ManagedBuffer {}

@@ -427,3 +427,15 @@ mod tests {
         );
     }
 }
+
+/// One RDMA NIC's load (upstream's `nic_load_stat`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NicLoad {
+    /// Device name (`mlx5_0`, ...).
+    pub device: String,
+    /// Bytes of work requests posted and not yet completed.
+    pub inflight_bytes: u64,
+    /// Moving average of the rate of completed work requests, in bytes per
+    /// second (0 before the first one).
+    pub ewma_bandwidth_bps: f64,
+}

@@ -1,8 +1,9 @@
 //! Remote segments.
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ffi::OwnedCString;
+use crate::memory::{self, LocalMemory};
 use crate::shared::EngineShared;
 
 /// A buffer a remote segment publishes.
@@ -107,5 +108,76 @@ impl RemoteSegment {
         let n = OwnedCString::new("notification name", name)?;
         let m = OwnedCString::new("notification message", message)?;
         self.engine.raw.notify(self.id, &n, &m)
+    }
+
+    /// Reads `len` bytes at `remote_addr` of this segment into
+    /// `local[local_offset..]` and returns once the transfer is done (upstream's
+    /// `transfer_sync_read`): one call, no batch to manage.
+    pub fn read_sync<L: LocalMemory + ?Sized>(
+        &self,
+        local: &L,
+        local_offset: usize,
+        remote_addr: u64,
+        len: usize,
+    ) -> Result<()> {
+        self.transfer_sync(
+            mooncake_sys::OPCODE_READ,
+            local,
+            local_offset,
+            remote_addr,
+            len,
+        )
+    }
+
+    /// Writes `local[local_offset..local_offset + len]` to `remote_addr` of
+    /// this segment and returns once the transfer is done (upstream's
+    /// `transfer_sync_write`).
+    pub fn write_sync<L: LocalMemory + ?Sized>(
+        &self,
+        local: &L,
+        local_offset: usize,
+        remote_addr: u64,
+        len: usize,
+    ) -> Result<()> {
+        self.transfer_sync(
+            mooncake_sys::OPCODE_WRITE,
+            local,
+            local_offset,
+            remote_addr,
+            len,
+        )
+    }
+
+    fn transfer_sync<L: LocalMemory + ?Sized>(
+        &self,
+        opcode: u32,
+        local: &L,
+        local_offset: usize,
+        remote_addr: u64,
+        len: usize,
+    ) -> Result<()> {
+        if local_offset
+            .checked_add(len)
+            .is_none_or(|end| end > local.len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "local range of {len} bytes at offset {local_offset} exceeds the buffer's {} bytes",
+                local.len()
+            )));
+        }
+        memory::prepare(local)?;
+        let name = OwnedCString::new("segment name", &self.name)?;
+        let ptr = memory::region_of(local).ptr().wrapping_add(local_offset);
+        tracing::trace!(target: "mooncake", segment = %self.name, opcode, len, "synchronous transfer");
+        self.engine
+            .raw
+            .transfer_sync(&name, opcode as i32, ptr, remote_addr, len as u64)
+    }
+
+    /// Closes the segment, as upstream's `closeSegment`: nothing is torn
+    /// down (the engine keeps the descriptor cached and the id valid for
+    /// other handles of the same segment).
+    pub fn close(self) -> Result<()> {
+        self.engine.raw.close_segment(self.id)
     }
 }

@@ -60,7 +60,7 @@ fn last_status_error(status: c_int) -> Error {
     }
 }
 
-fn check(rc: c_int) -> Result<()> {
+pub(crate) fn check(rc: c_int) -> Result<()> {
     if rc == 0 {
         Ok(())
     } else {
@@ -112,7 +112,7 @@ impl RawEngine {
         Ok(cfg)
     }
 
-    fn handle(&self) -> sys::transfer_engine_t {
+    pub(crate) fn handle(&self) -> sys::transfer_engine_t {
         self.ptr.as_ptr()
     }
 

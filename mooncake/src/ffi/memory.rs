@@ -97,6 +97,8 @@ pub struct RegisteredRegion {
     remote_accessible: bool,
     device: Option<u32>,
     registered: bool,
+    // Engine-allocated: unregistering frees it (mc_managed_buffer_free).
+    managed: bool,
 }
 
 // SAFETY: the region is a description of memory plus an engine handle
@@ -139,7 +141,48 @@ impl RegisteredRegion {
             remote_accessible,
             device,
             registered: true,
+            managed: false,
         })
+    }
+
+    /// A region the engine registered already (batch registration).
+    ///
+    /// # Safety
+    /// As for `register`, and `ptr`/`len` must be registered with `engine`
+    /// (`remote_accessible` as given) and by nobody else.
+    pub(crate) unsafe fn adopt(
+        engine: Arc<RawEngine>,
+        ptr: *mut u8,
+        len: usize,
+        remote_accessible: bool,
+    ) -> Self {
+        let device = super::gpu::pointer_device(ptr);
+        Self {
+            engine,
+            ptr,
+            len,
+            remote_accessible,
+            device,
+            registered: true,
+            managed: false,
+        }
+    }
+
+    /// A managed buffer the engine allocated and registered; unregistering
+    /// frees it.
+    ///
+    /// # Safety
+    /// `ptr`/`len` must be a managed buffer of `engine` that nobody else frees.
+    pub(crate) unsafe fn adopt_managed(engine: Arc<RawEngine>, ptr: *mut u8, len: usize) -> Self {
+        Self {
+            engine,
+            ptr,
+            len,
+            remote_accessible: true,
+            device: None,
+            registered: true,
+            managed: true,
+        }
     }
 
     pub(crate) fn device(&self) -> Option<u32> {
@@ -269,7 +312,11 @@ impl RegisteredRegion {
         if !self.registered {
             return Ok(());
         }
-        self.engine.unregister(self.ptr)?;
+        if self.managed {
+            self.engine.free_managed(self.ptr, self.len)?;
+        } else {
+            self.engine.unregister(self.ptr)?;
+        }
         self.registered = false;
         Ok(())
     }
@@ -407,6 +454,27 @@ impl<M: RegisterableMemory> OwnedRegion<M> {
             region,
             memory: ManuallyDrop::new(memory),
         })
+    }
+
+    /// Memory registered already (batch registration).
+    ///
+    /// # Safety
+    /// `memory` must be registered with `engine` (`remote_accessible` as
+    /// given), by nobody else.
+    pub(crate) unsafe fn adopt(
+        engine: Arc<RawEngine>,
+        mut memory: M,
+        remote_accessible: bool,
+    ) -> Self {
+        let ptr = memory.as_mut_ptr();
+        let len = memory.len();
+        // SAFETY: forwarded from this function's contract; `memory` stays
+        // valid and put until the region is unregistered (see `new`).
+        let region = unsafe { RegisteredRegion::adopt(engine, ptr, len, remote_accessible) };
+        Self {
+            region,
+            memory: ManuallyDrop::new(memory),
+        }
     }
 
     pub(crate) fn region(&self) -> &RegisteredRegion {

@@ -12,6 +12,7 @@
 
 mod engine;
 mod env;
+mod extras;
 mod gpu;
 mod log;
 mod memory;
