@@ -82,7 +82,7 @@
 //! # GPU memory
 //!
 //! With the `cuda12` or `cuda13` feature, device memory ([`gpu::DeviceBuffer`]
-//! or a cudarc `CudaSlice<u8>`) registers and transfers like host memory;
+//! or, with the `cudarc` feature, a cudarc `CudaSlice<u8>`) registers and transfers like host memory;
 //! see [`gpu`].
 //!
 //! # Logging
@@ -95,6 +95,11 @@
 //! The C ABI is available as [`sys`] (the `mooncake-sys` crate).
 #![deny(missing_docs)]
 #![warn(unsafe_op_in_unsafe_fn)]
+
+#[cfg(all(feature = "cudarc", not(any(feature = "cuda12", feature = "cuda13"))))]
+compile_error!(
+    "mooncake: the `cudarc` feature registers GPU memory and needs `cuda12` or `cuda13` as well"
+);
 
 mod batch;
 mod config;
@@ -124,3 +129,9 @@ pub use rdma::{
     LinkLayer, NicCounters, NicLoad, NicPreference, RdmaCounters, RdmaDevice, RdmaTopology,
 };
 pub use segment::{RemoteBuffer, RemoteSegment};
+
+/// The crate's README (what crates.io shows), compiled and run as a doctest
+/// so its example cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctest;
