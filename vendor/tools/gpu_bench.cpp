@@ -296,6 +296,99 @@ int kv_main(char *self, int argc, char **argv) {
     return 0;
 }
 
+// `gpu_bench kvprof [--tensors T] [--blocks B] [--block KIB] [--iters I]`:
+// where the time of one scattered same-host GPU pull goes. Every other one
+// of B blocks of each of T tensors, READ and WRITE against a peer process's
+// buffer: each phase of the C API call sequence, then the same pieces
+// through gpu::copy_many on this process's own mapping (the copy alone),
+// and one contiguous cudaMemcpy of the same bytes (the ceiling).
+int kvprof_main(char *self, int argc, char **argv) {
+    size_t tensors = 64, blocks = 1024, block = 32 << 10;
+    int iters = 5;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        std::string k = argv[i];
+        if (k == "--tensors") tensors = std::strtoull(argv[i + 1], nullptr, 10);
+        else if (k == "--blocks") blocks = std::strtoull(argv[i + 1], nullptr, 10);
+        else if (k == "--block") block = std::strtoull(argv[i + 1], nullptr, 10) << 10;
+        else if (k == "--iters") iters = std::atoi(argv[i + 1]);
+    }
+    const size_t n = tensors * blocks * block, moved = blocks / 2, descs = tensors * moved;
+    const double bytes = static_cast<double>(descs * block);
+    transfer_engine_t e = engine(true);
+    char *ld = static_cast<char *>(dev_alloc(n));
+    if (registerLocalMemory(e, ld, n, "*", 1) != 0) die("register");
+    Peer peer(self, n, 0);
+    segment_id_t ps = openSegment(e, peer.segment.c_str());
+    if (ps < 0) die("openSegment (peer)");
+    std::printf("kvprof: %zu tensors x %zu of %zu blocks of %zu KiB = %zu descriptors, %.0f MiB, mean of %d\n",
+                tensors, moved, blocks, block >> 10, descs, bytes / (1 << 20), iters);
+    std::printf("%-6s %10s %10s %10s %10s %10s %10s %9s\n", "op", "alloc", "submit", "wait", "status", "free",
+                "total", "GB/s");
+    for (int op : {OPCODE_READ, OPCODE_WRITE}) {
+        std::vector<transfer_request> reqs;
+        for (size_t t = 0; t < tensors; ++t)
+            for (size_t b = 0; b < moved; ++b) {
+                size_t off = (t * blocks + 2 * b) * block;
+                reqs.push_back(transfer_request{op, ld + off, ps, peer.addr + off, block});
+            }
+        double ph[5] = {0, 0, 0, 0, 0};
+        for (int it = 0; it <= iters; ++it) {
+            auto t0 = Clock::now();
+            batch_id_t b = allocateBatchID(e, reqs.size());
+            auto t1 = Clock::now();
+            if (submitTransfer(e, b, reqs.data(), reqs.size()) != 0) die("submitTransfer");
+            auto t2 = Clock::now();
+            if (mc_batch_wait(e, b, 120000) != 0) die("mc_batch_wait");
+            auto t3 = Clock::now();
+            for (size_t i = 0; i < reqs.size(); ++i) {
+                transfer_status st{};
+                getTransferStatus(e, b, i, &st);
+                if (st.status != STATUS_COMPLETED) die("KV transfer failed");
+            }
+            auto t4 = Clock::now();
+            freeBatchID(e, b);
+            auto t5 = Clock::now();
+            if (it == 0) continue;  // warm-up: the mapping is opened here
+            const Clock::time_point ts[] = {t0, t1, t2, t3, t4, t5};
+            for (int k = 0; k < 5; ++k) ph[k] += std::chrono::duration<double, std::micro>(ts[k + 1] - ts[k]).count();
+        }
+        double total = 0;
+        for (double &x : ph) total += (x /= iters);
+        std::printf("%-6s %8.0fus %8.0fus %8.0fus %8.0fus %8.0fus %8.0fus %9.1f\n", op == OPCODE_READ ? "READ" : "WRITE",
+                    ph[0], ph[1], ph[2], ph[3], ph[4], total, bytes / total / 1e3);
+    }
+    // The copy alone, through this process's own mapping of the peer's buffer.
+    cudaIpcMemHandle_t h;
+    if (!mcrs::gpu::parse_ipc_handle(peer.handle, h)) die("malformed IPC handle from the peer");
+    cudaSetDevice(0);
+    void *mapped = nullptr;
+    if (cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) die("cudaIpcOpenMemHandle");
+    std::vector<mcrs::gpu::CopyPiece> pieces;
+    for (size_t t = 0; t < tensors; ++t)
+        for (size_t b = 0; b < moved; ++b) {
+            size_t off = (t * blocks + 2 * b) * block;
+            pieces.push_back(mcrs::gpu::CopyPiece{ld + off, 0, static_cast<char *>(mapped) + off, 0, block});
+        }
+    auto timed = [&](const std::function<void()> &fn) {
+        fn();
+        auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) fn();
+        return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+    };
+    double many = timed([&] { mcrs::gpu::copy_many(pieces.data(), pieces.size()); });
+    double one = timed([&] {
+        cudaMemcpyAsync(ld, mapped, descs * block, cudaMemcpyDefault, cudaStreamPerThread);
+        cudaStreamSynchronize(cudaStreamPerThread);
+    });
+    std::printf("copy_many of the same %zu pieces (READ): %.0fus, %.1f GB/s, %.3f us/piece\n", pieces.size(), many,
+                bytes / many / 1e3, many / pieces.size());
+    std::printf("one contiguous cudaMemcpy of the same bytes:  %.0fus, %.1f GB/s\n", one, bytes / one / 1e3);
+    cudaIpcCloseMemHandle(mapped);
+    closeSegment(e, ps);
+    destroyTransferEngine(e);
+    return 0;
+}
+
 // The buffers and ceilings every row of the 64 MiB table shares.
 struct Bench {
     char *self;
@@ -395,6 +488,7 @@ int main(int argc, char **argv) {
     mc_gpu_info_t info{};
     if (!gpu_usable(info)) return 1;
     if (argc > 1 && std::string(argv[1]) == "kv") return kv_main(argv[0], argc, argv);
+    if (argc > 1 && std::string(argv[1]) == "kvprof") return kvprof_main(argv[0], argc, argv);
     size_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64;
     int iters = argc > 2 ? std::atoi(argv[2]) : 20;
     size_t n = mib << 20;
