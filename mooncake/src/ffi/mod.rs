@@ -14,15 +14,17 @@ mod engine;
 mod env;
 mod extras;
 mod gpu;
+mod host_alloc;
 mod log;
 mod memory;
 
 pub(crate) use engine::{engine_version, OwnedCString, RawEngine, RequestBuf};
 pub(crate) use env::env_overrides;
 pub(crate) use gpu::{dmabuf_export as gpu_dmabuf_export, query as gpu_query, DeviceAlloc};
+pub(crate) use host_alloc::{page_size, PageAlignedAlloc};
 pub(crate) use log::install_log_sink;
 pub(crate) use memory::{device_copy_in, device_copy_out};
-pub(crate) use memory::{page_size, BorrowedRegion, OwnedRegion, PageAlignedAlloc};
+pub(crate) use memory::{BorrowedRegion, OwnedRegion};
 pub use memory::{RegisterableMemory, RegisteredRegion};
 
 #[cfg(test)]
