@@ -40,6 +40,9 @@ mod cuda;
 
 fn main() {
     let (include, src) = locate_vendor();
+    // Before the DOCS_RS exit: the bindings check needs them, not the engine.
+    #[cfg(feature = "bindgen")]
+    generate_bindings(&include);
     if env("DOCS_RS").is_some() {
         // Documentation needs the crate's items, not the engine: docs.rs
         // has no network and no CUDA, and links nothing. The GPU items are
@@ -76,9 +79,6 @@ fn main() {
         toolkit.as_ref().map_or(0, |t| t.major()),
         toolkit.as_ref().map_or(0, |t| t.version),
     );
-
-    #[cfg(feature = "bindgen")]
-    generate_bindings(&include);
 }
 
 /// The engine's `include/` and `src/` directories (`MOONCAKE_VENDOR_DIR`,

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The public API of the published crates (mooncake-sys, mooncake) against
+# the last release tag (v*), with cargo-semver-checks: a change that breaks
+# semver without the matching version bump fails. Before the first tag there
+# is nothing to compare and it says so.
+#   scripts/semver-check.sh
+# cargo-semver-checks is built once into target/tools (a debug build: it
+# compiles in a fraction of the time and checks two small crates quickly).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tool_version=0.51.0
+tag=$(git describe --tags --abbrev=0 --match 'v[0-9]*' 2>/dev/null || true)
+if [ -z "$tag" ]; then
+  echo "semver-check: no release tag (v*) yet: nothing to compare against"
+  exit 0
+fi
+tools=$PWD/target/tools
+if ! "$tools/bin/cargo-semver-checks" semver-checks --version 2>/dev/null | grep -q "$tool_version"; then
+  echo "semver-check: building cargo-semver-checks $tool_version into target/tools"
+  CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$tools/build" \
+    cargo install -q --locked --debug --root "$tools" "cargo-semver-checks@$tool_version"
+fi
+export PATH="$tools/bin:$PATH"
+# DOCS_RS: the engine's build script compiles nothing (rustdoc only reads
+# the crates' items); both the tag and this tree honour it.
+echo "semver-check: mooncake-sys and mooncake against $tag"
+DOCS_RS=1 cargo semver-checks -p mooncake-sys --baseline-rev "$tag" --only-explicit-features --features cuda13
+DOCS_RS=1 cargo semver-checks -p mooncake --baseline-rev "$tag" --only-explicit-features --features cuda13,cudarc
