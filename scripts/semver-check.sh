@@ -3,9 +3,10 @@
 # the last release tag (v*), with cargo-semver-checks: a change that breaks
 # semver without the matching version bump fails. Before the first tag there
 # is nothing to compare and it says so.
-#   scripts/semver-check.sh
+#   scripts/semver-check.sh            # build the tool if needed, then check
+#   scripts/semver-check.sh --install  # only build the tool (CI starts it early)
 # cargo-semver-checks is built once into target/tools (a debug build: it
-# compiles in a fraction of the time and checks two small crates quickly).
+# compiles in far less time and checks two small crates quickly).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tool_version=0.51.0
@@ -20,6 +21,7 @@ if ! "$tools/bin/cargo-semver-checks" semver-checks --version 2>/dev/null | grep
   CARGO_PROFILE_DEV_DEBUG=0 CARGO_TARGET_DIR="$tools/build" \
     cargo install -q --locked --debug --root "$tools" "cargo-semver-checks@$tool_version"
 fi
+[ "${1:-}" = --install ] && exit 0
 export PATH="$tools/bin:$PATH"
 # DOCS_RS: the engine's build script compiles nothing (rustdoc only reads
 # the crates' items); both the tag and this tree honour it.
