@@ -40,6 +40,9 @@ mod cuda;
 
 fn main() {
     let (include, src) = locate_vendor();
+    // First: every path below reruns on a changed header or source,
+    // including the DOCS_RS exit (the bindings check runs there).
+    let sources = track_sources(&include, &src);
     // Before the DOCS_RS exit: the bindings check needs them, not the engine.
     #[cfg(feature = "bindgen")]
     generate_bindings(&include);
@@ -55,7 +58,6 @@ fn main() {
         emit_metadata(&include, major, 0);
         return;
     }
-    let sources = track_sources(&include, &src);
     check_target_os();
     let mut build = engine_build(&include, &src, &sources);
     let toolkit = cuda::wanted()
@@ -149,6 +151,15 @@ fn engine_build(include: &Path, src: &Path, sources: &[PathBuf]) -> cc::Build {
 /// (the runtime loads it itself), so there is no libcudart.so.N to go
 /// missing.
 fn link_cuda_runtime(tk: &cuda::Toolkit) {
+    // A runtime upgraded in place rebuilds the engine against it.
+    println!(
+        "cargo:rerun-if-changed={}",
+        tk.include.join("cuda.h").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        tk.lib.join("libcudart_static.a").display()
+    );
     println!("cargo:rustc-link-search=native={}", tk.lib.display());
     println!("cargo:rustc-link-lib=static=cudart_static");
     println!("cargo:rustc-link-lib=rt");

@@ -247,15 +247,23 @@ fn first_acceptable(want: Want, candidates: Vec<(PathBuf, String)>) -> Result<To
 }
 
 fn mismatch(want: Want, tk: &Toolkit, seen: &[String]) -> String {
-    let other = if tk.major() == 12 { "cuda12" } else { "cuda13" };
+    let fix = match tk.major() {
+        12 => "build with feature `cuda12` to match it".to_string(),
+        13 => "build with feature `cuda13` to match it".to_string(),
+        m => format!("CUDA {m}.x is not supported (12 and 13 are)"),
+    };
     format!(
-        "mooncake-sys: {}, but found CUDA {} at {} (via {}){}: build with feature `{other}` to match it, \
+        "mooncake-sys: {}, but found CUDA {} at {} (via {}){}: {fix}, \
          or install the right major (`pip install nvidia-cuda-runtime-cu12` for 12.x, \
          `pip install nvidia-cuda-runtime` for 13.x) or point MOONCAKE_CUDA_HOME at it",
         want.describe(),
         tk.version_string(),
         tk.root.display(),
         tk.found_by,
-        if seen.len() > 1 { format!("; also saw {}", seen[1..].join(", ")) } else { String::new() }
+        if seen.len() > 1 {
+            format!("; also saw {}", seen[1..].join(", "))
+        } else {
+            String::new()
+        }
     )
 }

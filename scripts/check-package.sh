@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# The packages must build from their own sources, never the workspace's.
+unset MOONCAKE_VENDOR_DIR
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 # Verification unpacks each package from a local registry into cargo's
 # registry/src/-<hash>/ and reuses an unpacked copy of the same version: drop
@@ -23,7 +25,7 @@ for crate in mooncake-sys mooncake; do
   tar -xzf "target/package/$crate-$version.crate" -C "$work"
 done
 # Nothing but the packages: no link back into the workspace may be left.
-if find "$work" -type l | grep -q .; then
+if [ -n "$(find "$work" -type l -print -quit)" ]; then
   echo "check-package: the packages contain symbolic links" >&2; exit 1
 fi
 mkdir -p "$work/user/src"

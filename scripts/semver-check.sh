@@ -6,13 +6,20 @@
 #   scripts/semver-check.sh            # build the tool if needed, then check
 #   scripts/semver-check.sh --install  # only build the tool (CI starts it early)
 # cargo-semver-checks is built once into target/tools (a debug build: it
-# compiles in far less time and checks two small crates quickly).
+# compiles in far less time and checks two small crates quickly); building
+# it, and the scratch projects it resolves, need crates.io.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tool_version=0.51.0
-tag=$(git describe --tags --abbrev=0 --match 'v[0-9]*' 2>/dev/null || true)
+# The newest release tag behind HEAD, not on HEAD itself: a release commit
+# is compared with the release before it.
+tag=$(git tag --merged HEAD --no-contains HEAD -l 'v[0-9]*' --sort=-v:refname | head -n 1)
 if [ -z "$tag" ]; then
-  echo "semver-check: no release tag (v*) yet: nothing to compare against"
+  if git tag --points-at HEAD -l 'v[0-9]*' | grep -q .; then
+    echo "semver-check: HEAD is the first release: nothing before it to compare against"
+  else
+    echo "semver-check: SKIPPED: no release tag (v*) reachable from HEAD (a clone without tags?)"
+  fi
   exit 0
 fi
 tools=$PWD/target/tools

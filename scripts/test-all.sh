@@ -24,9 +24,12 @@ scripts/install-test-deps.sh
 # cargo-semver-checks takes about ten minutes of CPU to build on two cores:
 # build it at the lowest priority beside the steps below (the fuzzers and
 # many tests leave a core idle) and wait for it at the semver step.
+# Its own process group, ended on any exit, so a failed or interrupted run
+# leaves no compiler behind holding target/tools.
 mkdir -p target
-nice -n 19 scripts/semver-check.sh --install > target/semver-install.log 2>&1 &
+setsid nice -n 19 scripts/semver-check.sh --install > target/semver-install.log 2>&1 &
 semver_install=$!
+trap 'kill -- -"$semver_install" 2>/dev/null || true' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
