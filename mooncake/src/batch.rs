@@ -181,32 +181,13 @@ impl<'r> Batch<'r> {
         remote_addr: u64,
         len: usize,
     ) -> Result<()> {
-        let region = sealed_region(local);
-        if !Arc::ptr_eq(region.engine(), &self.engine.raw) {
-            return Err(Error::InvalidArgument(
-                "local memory is registered with another engine".into(),
-            ));
-        }
         if !Arc::ptr_eq(&segment.engine, &self.engine) {
             return Err(Error::InvalidArgument(format!(
                 "segment {} was opened by another engine",
                 segment.name()
             )));
         }
-        if len == 0 {
-            return Err(Error::InvalidArgument(
-                "a transfer needs at least one byte".into(),
-            ));
-        }
-        if local_offset
-            .checked_add(len)
-            .is_none_or(|end| end > local.len())
-        {
-            return Err(Error::InvalidArgument(format!(
-                "local range of {len} bytes at offset {local_offset} exceeds the registered {} bytes",
-                local.len()
-            )));
-        }
+        let source = crate::memory::local_range(local, &self.engine.raw, local_offset, len)?;
         if remote_addr.checked_add(len as u64).is_none() {
             return Err(Error::InvalidArgument(format!(
                 "remote range of {len} bytes at {remote_addr:#x} wraps around"
@@ -231,7 +212,7 @@ impl<'r> Batch<'r> {
                 Opcode::Read => sys::OPCODE_READ as i32,
                 Opcode::Write => sys::OPCODE_WRITE as i32,
             },
-            source: region.ptr().wrapping_add(local_offset).cast(),
+            source: source.cast(),
             target_id: segment.id,
             target_offset: remote_addr,
             length: len as u64,
@@ -446,10 +427,6 @@ impl<'b> Statuses<'b> {
             .filter(|(_, st)| TaskStatus::from_raw(st.status) != TaskStatus::Completed)
             .map(|(i, _)| i)
     }
-}
-
-fn sealed_region<L: LocalMemory + ?Sized>(l: &L) -> &crate::ffi::RegisteredRegion {
-    crate::memory::region_of(l)
 }
 
 impl Drop for Batch<'_> {

@@ -145,6 +145,36 @@ pub(crate) fn region_of<L: LocalMemory + ?Sized>(l: &L) -> &RegisteredRegion {
     sealed::Sealed::region(l)
 }
 
+/// The address of `local[offset..offset + len]`, after checking that `local`
+/// is registered with `engine` and that the range is non-empty and inside
+/// it: the one check every transfer path makes on caller-supplied local
+/// ranges.
+pub(crate) fn local_range<L: LocalMemory + ?Sized>(
+    local: &L,
+    engine: &Arc<crate::ffi::RawEngine>,
+    offset: usize,
+    len: usize,
+) -> Result<*mut u8> {
+    let region = region_of(local);
+    if !Arc::ptr_eq(region.engine(), engine) {
+        return Err(crate::Error::InvalidArgument(
+            "local memory is registered with another engine".into(),
+        ));
+    }
+    if len == 0 {
+        return Err(crate::Error::InvalidArgument(
+            "a transfer needs at least one byte".into(),
+        ));
+    }
+    if offset.checked_add(len).is_none_or(|end| end > local.len()) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "local range of {len} bytes at offset {offset} exceeds the registered {} bytes",
+            local.len()
+        )));
+    }
+    Ok(region.ptr().wrapping_add(offset))
+}
+
 pub(crate) fn needs_prepare<L: LocalMemory + ?Sized>(l: &L) -> bool {
     sealed::Sealed::needs_prepare(l)
 }

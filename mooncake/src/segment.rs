@@ -1,7 +1,7 @@
 //! Remote segments.
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ffi::OwnedCString;
 use crate::memory::{self, LocalMemory};
 use crate::shared::EngineShared;
@@ -156,18 +156,9 @@ impl RemoteSegment {
         remote_addr: u64,
         len: usize,
     ) -> Result<()> {
-        if local_offset
-            .checked_add(len)
-            .is_none_or(|end| end > local.len())
-        {
-            return Err(Error::InvalidArgument(format!(
-                "local range of {len} bytes at offset {local_offset} exceeds the buffer's {} bytes",
-                local.len()
-            )));
-        }
+        let ptr = memory::local_range(local, &self.engine.raw, local_offset, len)?;
         memory::prepare(local)?;
         let name = OwnedCString::new("segment name", &self.name)?;
-        let ptr = memory::region_of(local).ptr().wrapping_add(local_offset);
         tracing::trace!(target: "mooncake", segment = %self.name, opcode, len, "synchronous transfer");
         self.engine
             .raw

@@ -40,6 +40,11 @@ fn managed_buffers_and_synchronous_transfers() {
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::TransferFailed, "{e}");
     assert!(e.to_string().contains("mc_transfer_sync"), "{e}");
+    // Memory of another engine, or nothing to move: refused with the cause.
+    let e = seg.read_sync(&remote, 0, remote.addr(), 8).unwrap_err();
+    assert!(e.to_string().contains("another engine"), "{e}");
+    let e = seg.write_sync(&local, 0, remote.addr(), 0).unwrap_err();
+    assert!(e.to_string().contains("at least one byte"), "{e}");
     // A zero-length managed buffer is refused.
     assert!(init.alloc_managed(0, "*").is_err());
     // Dropping frees it; the engine outlives it.

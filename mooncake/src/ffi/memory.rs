@@ -55,18 +55,8 @@ impl RegisteredRegion {
         let loc = OwnedCString::new("location", location)?;
         // SAFETY: forwarded from this function's contract.
         unsafe { engine.register(ptr, len, &loc, remote_accessible)? };
-        // The engine classified the pointer the same way; device memory is
-        // then only ever touched through GPU copies.
-        let device = super::gpu::pointer_device(ptr);
-        Ok(Self {
-            engine,
-            ptr,
-            len,
-            remote_accessible,
-            device,
-            registered: true,
-            managed: false,
-        })
+        // SAFETY: registered just above, with these arguments, by this call.
+        Ok(unsafe { Self::adopt(engine, ptr, len, remote_accessible) })
     }
 
     /// A region the engine registered already (batch registration).
@@ -80,6 +70,8 @@ impl RegisteredRegion {
         len: usize,
         remote_accessible: bool,
     ) -> Self {
+        // The engine classified the pointer the same way; device memory is
+        // then only ever touched through GPU copies.
         let device = super::gpu::pointer_device(ptr);
         Self {
             engine,
