@@ -78,6 +78,34 @@ pub enum Opcode {
 /// them (every transfer ends within the engine's timeouts), then frees it. A
 /// wait that times out returns [`Error::Timeout`] and leaves the batch with
 /// you, still in flight.
+///
+/// ```
+/// use mooncake::{Access, Engine, HostBuffer, TaskStatus};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let target = Engine::builder().local_host("127.0.0.1").build()?;
+/// let initiator = Engine::builder().local_host("127.0.0.1").build()?;
+/// let mut buf = HostBuffer::new(8192)?;
+/// buf[..4096].fill(1);
+/// let published = target.register(buf, "*", Access::RemoteAccessible)?;
+/// let local = initiator.register(vec![2u8; 8192], "*", Access::LocalOnly)?;
+///
+/// let peer = initiator.open_segment(target.segment_name())?;
+/// let remote = peer.buffers()?[0];
+/// let mut batch = initiator.batch(2)?;
+/// batch.read(&local, 0, &peer, remote.addr, 4096)?; // remote[..4096] -> local
+/// batch.write(&local, 4096, &peer, remote.addr + 4096, 4096)?; // local -> remote[4096..]
+/// batch.submit()?;
+/// batch.wait(None)?;
+/// assert_eq!(batch.status(0)?, TaskStatus::Completed);
+/// assert_eq!(batch.transferred_bytes(1)?, 4096);
+/// drop(batch); // ends the borrow of `local`
+///
+/// assert_eq!(local.to_vec()[..4096], [1; 4096]);
+/// assert_eq!(published.to_vec()[4096..], [2; 4096]);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Batch<'r> {
     engine: Arc<EngineShared>,
     id: u64,
@@ -228,6 +256,26 @@ impl<'r> Batch<'r> {
     /// Like [`submit`](Self::submit), and once every request of the batch
     /// has completed, the engine sends `(name, message)` to the segment of
     /// the first queued request (upstream's `submitTransferWithNotify`).
+    ///
+    /// ```
+    /// # use mooncake::{Access, Engine};
+    /// # fn main() -> mooncake::Result<()> {
+    /// # let target = Engine::builder().build()?;
+    /// # let initiator = Engine::builder().build()?;
+    /// # let _published = target.register(vec![0u8; 4096], "*", Access::RemoteAccessible)?;
+    /// # let peer = initiator.open_segment(target.segment_name())?;
+    /// # let remote = peer.buffers()?[0];
+    /// let local = initiator.register(vec![1u8; 4096], "*", Access::LocalOnly)?;
+    /// let mut batch = initiator.batch(1)?;
+    /// batch.write(&local, 0, &peer, remote.addr, 4096)?;
+    /// batch.submit_with_notify("req-7", "kv ready")?;
+    /// batch.wait(None)?;
+    /// // The target learns that the data has landed:
+    /// let got = target.notifications()?;
+    /// assert_eq!(got[0].message, "kv ready");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn submit_with_notify(&mut self, name: &str, message: &str) -> Result<()> {
         let n = OwnedCString::new("notification name", name)?;
         let m = OwnedCString::new("notification message", message)?;
@@ -266,6 +314,29 @@ impl<'r> Batch<'r> {
     /// queue → [`submit`](Self::submit) → [`wait`](Self::wait) → `reset`
     /// allocates nothing per transfer. Requests still in flight are waited
     /// for first (as on drop); queued ones are dropped.
+    ///
+    /// ```
+    /// # use mooncake::{Access, Engine};
+    /// # fn main() -> mooncake::Result<()> {
+    /// # let target = Engine::builder().build()?;
+    /// # let initiator = Engine::builder().build()?;
+    /// # let _published = target.register(vec![5u8; 1 << 16], "*", Access::RemoteAccessible)?;
+    /// # let peer = initiator.open_segment(target.segment_name())?;
+    /// # let remote = peer.buffers()?[0];
+    /// let local = initiator.register(vec![0u8; 1 << 16], "*", Access::LocalOnly)?;
+    /// let mut batch = initiator.batch(1)?;
+    /// for block in 0..4u64 {
+    ///     let offset = (block as usize) << 14;
+    ///     batch.read(&local, offset, &peer, remote.addr + (block << 14), 1 << 14)?;
+    ///     batch.submit()?;
+    ///     batch.wait(None)?;
+    ///     batch.reset()?; // room for the next request, same capacity
+    /// }
+    /// drop(batch);
+    /// assert!(local.to_vec().iter().all(|b| *b == 5));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn reset(&mut self) -> Result<()> {
         if self.submitted > 0 {
             if !self.settled {
@@ -349,6 +420,30 @@ impl<'r> Batch<'r> {
 
     /// Every submitted request's status, read in one pass (none at all when
     /// a [`wait`](Self::wait) has already seen them all finish).
+    ///
+    /// ```
+    /// # use mooncake::{Access, Engine, Error, TaskStatus};
+    /// # fn main() -> mooncake::Result<()> {
+    /// # let target = Engine::builder().build()?;
+    /// # let initiator = Engine::builder().build()?;
+    /// # let _published = target.register(vec![0u8; 8192], "*", Access::RemoteAccessible)?;
+    /// # let peer = initiator.open_segment(target.segment_name())?;
+    /// # let remote = peer.buffers()?[0];
+    /// let local = initiator.register(vec![0u8; 8192], "*", Access::LocalOnly)?;
+    /// let mut batch = initiator.batch(2)?;
+    /// batch.read(&local, 0, &peer, remote.addr, 4096)?;
+    /// // Past the end of the peer's buffer: this request fails.
+    /// batch.read(&local, 4096, &peer, remote.addr + 8192, 4096)?;
+    /// batch.submit()?;
+    /// let err = batch.wait(None).unwrap_err();
+    /// assert!(matches!(err, Error::Transfer { failed: 1, first_task: 1, .. }));
+    ///
+    /// let statuses = batch.statuses()?;
+    /// assert_eq!(statuses.get(0), Some(TaskStatus::Completed));
+    /// assert_eq!(statuses.not_completed().collect::<Vec<_>>(), [1]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn statuses(&mut self) -> Result<Statuses<'_>> {
         if !self.fresh && self.submitted > 0 {
             self.engine

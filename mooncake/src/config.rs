@@ -17,6 +17,39 @@ pub use options::{GpuRegistration, Metadata, Protocol, TcpVersion};
 /// Builds an [`Engine`](crate::Engine). Defaults follow upstream Mooncake
 /// (and its `MC_*` environment variables), except that listeners bind to the local host
 /// rather than to every interface.
+///
+/// ```
+/// use std::time::Duration;
+/// use mooncake::{Engine, Protocol};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let engine = Engine::builder()
+///     .local_host("127.0.0.1")
+///     .protocol(Protocol::Tcp)
+///     .port_range(20000..=20999) // random handshake and data ports from here
+///     .device_allow_list(["mlx5_0", "mlx5_1"]) // RDMA NICs, if RDMA is used
+///     .tcp_progress_timeout(Duration::from_secs(10))
+///     .build()?;
+/// assert!((20000..=20999).contains(&engine.rpc_port()));
+/// assert!(engine.segment_name().starts_with("127.0.0.1:"));
+/// let (allowed, _denied) = engine.device_filters()?;
+/// assert_eq!(allowed, ["mlx5_0", "mlx5_1"]);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Values out of range fail [`build`](Self::build) with an error naming
+/// them:
+///
+/// ```
+/// use mooncake::{Engine, ErrorCode};
+///
+/// let err = Engine::builder().port_range(0..=100).build().unwrap_err();
+/// assert_eq!(err.code(), ErrorCode::InvalidArgument);
+///
+/// let err = Engine::builder().allowed_peer_networks(["10.0.0.0/99"]).build().unwrap_err();
+/// assert!(err.to_string().contains("10.0.0.0/99"), "{err}");
+/// ```
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct EngineBuilder {

@@ -8,6 +8,17 @@ use std::time::Duration;
 /// Negative engine codes (`ERR_*`, upstream's numbering) and positive
 /// submit/status codes map onto the same variants; unknown values are kept
 /// in [`ErrorCode::Unknown`].
+///
+/// ```
+/// use mooncake::ErrorCode;
+///
+/// let code = ErrorCode::from_raw(-3);
+/// assert_eq!(code, ErrorCode::AddressNotRegistered);
+/// assert_eq!(ErrorCode::from_status(3), code); // the positive status form
+/// assert_eq!(code.raw(), -3);
+/// assert_eq!(code.to_string(), "ERR_ADDRESS_NOT_REGISTERED (-3)");
+/// assert_eq!(ErrorCode::from_raw(-42), ErrorCode::Unknown(-42));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorCode {
@@ -178,6 +189,36 @@ impl ErrorCode {
 }
 
 /// An error of this crate.
+///
+/// Every variant has an [`ErrorCode`] ([`code`](Self::code)), which is what
+/// to match on to decide what to do:
+///
+/// ```
+/// use mooncake::{Access, Engine, Error, ErrorCode, LocalMemory};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let engine = Engine::builder().local_host("127.0.0.1").build()?;
+/// let local = engine.register(vec![0u8; 64], "*", Access::LocalOnly)?;
+/// let own = engine.local_segment();
+/// let mut batch = engine.batch(1)?;
+///
+/// // Caller-side mistakes are refused before they reach the engine.
+/// let err = batch.read(&local, 60, &own, local.addr(), 8).unwrap_err();
+/// assert!(matches!(err, Error::InvalidArgument(_)));
+///
+/// batch.read(&local, 0, &own, local.addr(), 8)?;
+/// let err = batch.read(&local, 8, &own, local.addr(), 8).unwrap_err();
+/// match err.code() {
+///     ErrorCode::TooManyRequests => {} // full: submit and wait, then reset
+///     other => panic!("unexpected {other}: {err}"),
+/// }
+///
+/// // Nobody listens on port 1: connecting fails.
+/// let err = engine.open_segment("127.0.0.1:1").unwrap_err();
+/// assert_eq!(err.code(), ErrorCode::Socket, "{err}");
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

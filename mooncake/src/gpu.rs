@@ -43,6 +43,17 @@ pub struct GpuInfo {
 }
 
 /// Probes the GPU support (once per process; cheap afterwards).
+///
+/// Safe to call in any build, with or without a GPU:
+///
+/// ```
+/// let info = mooncake::gpu::info();
+/// assert_eq!(info.build_cuda_major, mooncake::gpu::CUDA_MAJOR);
+/// if !info.usable {
+///     // A CPU-only build, no GPU, or a driver too old for the build.
+///     assert!(info.reason.is_some());
+/// }
+/// ```
 pub fn info() -> GpuInfo {
     let (info, probe_ok, reason) = ffi::gpu_query();
     GpuInfo {
@@ -57,6 +68,33 @@ pub fn info() -> GpuInfo {
 
 /// An owned device allocation (`cudaMalloc`), registrable like a
 /// [`HostBuffer`](crate::HostBuffer).
+///
+/// Needs the `cuda12` or `cuda13` feature and a GPU (elsewhere
+/// [`new`](Self::new) fails):
+///
+/// ```no_run
+/// use mooncake::gpu::DeviceBuffer;
+/// use mooncake::{Access, Engine, LocalMemory};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let engine = Engine::builder().local_host("127.0.0.1").build()?;
+/// let mut dev = DeviceBuffer::new(0, 1 << 20)?; // 1 MiB on GPU 0
+/// dev.copy_from_host(0, &[7u8; 4096])?;
+/// let gpu = engine.register(dev, "*", Access::RemoteAccessible)?;
+/// assert_eq!(gpu.device(), Some(0));
+/// assert_eq!(gpu.location()?, "cuda:0");
+///
+/// // GPU -> host within one engine, through its own segment.
+/// let host = engine.register(vec![0u8; 4096], "*", Access::LocalOnly)?;
+/// let mut batch = engine.batch(1)?;
+/// batch.read(&host, 0, &engine.local_segment(), gpu.addr(), 4096)?;
+/// batch.submit()?;
+/// batch.wait(None)?;
+/// drop(batch);
+/// assert_eq!(host.to_vec(), [7u8; 4096]);
+/// # Ok(())
+/// # }
+/// ```
 pub struct DeviceBuffer {
     alloc: DeviceAlloc,
 }
@@ -127,6 +165,20 @@ pub struct Dmabuf {
 }
 
 /// Exports the allocation behind registered GPU memory as a DMA-BUF.
+///
+/// ```no_run
+/// use mooncake::gpu::{export_dmabuf, DeviceBuffer};
+/// use mooncake::{Access, Engine, LocalMemory};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let engine = Engine::builder().local_host("127.0.0.1").build()?;
+/// let gpu = engine.register(DeviceBuffer::new(0, 1 << 21)?, "*", Access::LocalOnly)?;
+/// let dmabuf = export_dmabuf(&gpu, 4096, 4096)?; // the fd covers the whole allocation
+/// assert_eq!(dmabuf.device, 0);
+/// assert_eq!(dmabuf.base + dmabuf.offset, gpu.addr() + 4096);
+/// # Ok(())
+/// # }
+/// ```
 pub fn export_dmabuf<L: LocalMemory + ?Sized>(
     memory: &L,
     offset: usize,

@@ -57,6 +57,27 @@ fn access_of(region: &RegisteredRegion) -> Access {
 
 /// A zero-initialised, page-aligned host buffer: the usual memory to
 /// register.
+///
+/// Fill it through `&mut [u8]` before registering it; once registered, its
+/// bytes are reached through the [`Registration`]:
+///
+/// ```
+/// use mooncake::{Access, Engine, HostBuffer};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let mut buf = HostBuffer::new(1 << 20)?;
+/// assert_eq!(buf.as_ptr() as usize % HostBuffer::alignment(), 0);
+/// assert!(buf.iter().all(|b| *b == 0));
+/// buf[..4].copy_from_slice(b"kv-0");
+///
+/// let engine = Engine::builder().local_host("127.0.0.1").build()?;
+/// let reg = engine.register(buf, "*", Access::RemoteAccessible)?;
+/// let mut head = [0u8; 4];
+/// reg.read_at(0, &mut head)?;
+/// assert_eq!(&head, b"kv-0");
+/// # Ok(())
+/// # }
+/// ```
 pub struct HostBuffer {
     alloc: PageAlignedAlloc,
 }
@@ -210,6 +231,38 @@ pub trait LocalMemory: sealed::Sealed + Sync {
 }
 
 /// Registered memory owned by the registration.
+///
+/// Any [`RegisterableMemory`] registers: a [`HostBuffer`], a `Vec<u8>`, a
+/// `Box<[u8]>` (or GPU memory, see [`gpu`](crate::gpu)).
+/// [`Access::LocalOnly`] memory is only a source or destination of this
+/// engine's own transfers, so its bytes can be borrowed directly
+/// ([`local_slice_mut`](Self::local_slice_mut));
+/// [`Access::RemoteAccessible`] memory is published to peers and is only
+/// copied in and out.
+///
+/// ```
+/// use mooncake::{Access, Engine, LocalMemory};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let engine = Engine::builder().local_host("127.0.0.1").build()?;
+///
+/// let mut scratch = engine.register(vec![0u8; 4096], "*", Access::LocalOnly)?;
+/// assert_eq!((scratch.len(), scratch.access()), (4096, Access::LocalOnly));
+/// scratch.local_slice_mut(None)?[..3].copy_from_slice(b"abc");
+///
+/// let mut published = engine.register(vec![0u8; 4096], "*", Access::RemoteAccessible)?;
+/// assert!(published.local_slice_mut(None).is_err()); // peers may write it any time
+/// published.write_at(8, b"xyz")?;
+/// let mut out = [0u8; 3];
+/// published.read_at(8, &mut out)?;
+/// assert_eq!(&out, b"xyz");
+///
+/// // Unregister and take the memory back.
+/// let vec: Vec<u8> = scratch.into_inner()?;
+/// assert_eq!(&vec[..3], b"abc");
+/// # Ok(())
+/// # }
+/// ```
 pub struct Registration<M: RegisterableMemory> {
     inner: OwnedRegion<M>,
 }
@@ -308,6 +361,31 @@ impl<M: RegisterableMemory> LocalMemory for Registration<M> {}
 
 /// A borrowed buffer registered for the duration of
 /// [`Engine::with_registered`](crate::Engine::with_registered).
+///
+/// Any `&mut [u8]` registers this way, a part of a larger buffer included;
+/// once the closure returns, it is unregistered and the bytes that
+/// transfers wrote are there to read:
+///
+/// ```
+/// use mooncake::{Access, Engine};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let target = Engine::builder().local_host("127.0.0.1").build()?;
+/// let initiator = Engine::builder().local_host("127.0.0.1").build()?;
+/// let _published = target.register(vec![9u8; 4096], "*", Access::RemoteAccessible)?;
+/// let peer = initiator.open_segment(target.segment_name())?;
+/// let remote = peer.buffers()?[0];
+///
+/// let mut frame = vec![0u8; 8192];
+/// // `??`: the registration's result, then the read's.
+/// initiator.with_registered(&mut frame[4096..], Access::LocalOnly, |slice| {
+///     peer.read_sync(slice, 0, remote.addr, 4096)
+/// })??;
+/// assert!(frame[..4096].iter().all(|b| *b == 0));
+/// assert!(frame[4096..].iter().all(|b| *b == 9));
+/// # Ok(())
+/// # }
+/// ```
 pub struct RegisteredSlice<'a> {
     inner: BorrowedRegion<'a>,
     // The borrowed memory's own hook (GPU stream sync), when it has one.
@@ -397,6 +475,24 @@ impl<M: RegisterableMemory> Registration<M> {
 /// `allocate_managed_buffer`): page-aligned, zeroed, remote-accessible.
 /// Dropping it unregisters it (waiting for transfers that touch it) and the
 /// engine frees it.
+///
+/// ```
+/// use mooncake::{Access, Engine, LocalMemory};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let target = Engine::builder().local_host("127.0.0.1").build()?;
+/// let initiator = Engine::builder().local_host("127.0.0.1").build()?;
+/// let mut managed = target.alloc_managed(4096, "*")?;
+/// assert_eq!(managed.access(), Access::RemoteAccessible);
+/// managed.write_at(0, b"from the target")?;
+///
+/// let local = initiator.alloc_managed(4096, "*")?;
+/// let peer = initiator.open_segment(target.segment_name())?;
+/// peer.read_sync(&local, 0, managed.addr(), 15)?;
+/// assert_eq!(&local.to_vec()[..15], b"from the target");
+/// # Ok(())
+/// # }
+/// ```
 pub struct ManagedBuffer {
     region: RegisteredRegion,
 }

@@ -17,6 +17,12 @@ pub struct RemoteBuffer {
 
 impl RemoteBuffer {
     /// Whether `[addr, addr + len)` lies inside this buffer.
+    ///
+    /// ```
+    /// let buf = mooncake::RemoteBuffer { addr: 0x1000, len: 0x100 };
+    /// assert!(buf.contains(0x1000, 0x100));
+    /// assert!(!buf.contains(0x10f0, 0x20)); // runs past the end
+    /// ```
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
             && addr
@@ -26,6 +32,35 @@ impl RemoteBuffer {
 }
 
 /// A remote segment opened by an engine.
+///
+/// [`Engine::open_segment`](crate::Engine::open_segment) opens a peer's
+/// segment by its name; [`buffers`](Self::buffers) lists what it publishes,
+/// and [`read_sync`](Self::read_sync) / [`write_sync`](Self::write_sync)
+/// move one range without a [`Batch`](crate::Batch):
+///
+/// ```
+/// use mooncake::{Access, Engine, LocalMemory};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let target = Engine::builder().local_host("127.0.0.1").build()?;
+/// let initiator = Engine::builder().local_host("127.0.0.1").build()?;
+/// let published = target.register(vec![0u8; 4096], "*", Access::RemoteAccessible)?;
+/// let mut local = initiator.register(vec![0u8; 4096], "*", Access::LocalOnly)?;
+///
+/// let peer = initiator.open_segment(target.segment_name())?;
+/// assert_eq!(peer.name(), target.segment_name());
+/// let remote = peer.buffers()?[0];
+/// assert_eq!((remote.addr, remote.len), (published.addr(), 4096));
+///
+/// local.write_at(0, b"hello")?;
+/// peer.write_sync(&local, 0, remote.addr + 100, 5)?; // local -> remote
+/// peer.read_sync(&local, 10, remote.addr + 100, 5)?; // remote -> local
+/// assert_eq!(&local.to_vec()[10..15], b"hello");
+/// assert_eq!(&published.to_vec()[100..105], b"hello");
+/// peer.close()?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct RemoteSegment {
     pub(crate) engine: Arc<EngineShared>,

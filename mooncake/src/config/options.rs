@@ -12,6 +12,23 @@ pub enum Metadata {
 }
 
 /// The transport used for data.
+///
+/// [`Auto`](Self::Auto) takes RDMA where a usable NIC exists and says why
+/// not where none does:
+///
+/// ```
+/// use mooncake::{Engine, Protocol};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let engine = Engine::builder().protocol(Protocol::Auto).build()?;
+/// assert_eq!(engine.has_rdma(), engine.rdma_unavailable_reason().is_none());
+/// if let Some(why) = engine.rdma_unavailable_reason() {
+///     println!("TCP only: {why}");
+/// }
+/// assert!(engine.transports()?.0); // TCP is always installed
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Protocol {
@@ -42,6 +59,16 @@ pub enum TcpVersion {
 }
 
 /// How GPU memory is registered for RDMA (upstream's `WITH_NVIDIA_PEERMEM`).
+///
+/// ```
+/// use mooncake::{Engine, GpuRegistration};
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let engine = Engine::builder().gpu_registration(GpuRegistration::DmaBuf).build()?;
+/// assert_eq!(engine.gpu_registration()?, GpuRegistration::DmaBuf);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum GpuRegistration {
