@@ -1,0 +1,480 @@
+//! An HTTP metadata server that upstream Mooncake engines can use instead
+//! of etcd or upstream's Python server (`mooncake_http_metadata_server`),
+//! given as `http://HOST:PORT/metadata`: the same requests get the same
+//! answers, plus caps and timeouts that make it safe to expose.
+//!
+//! The protocol, as upstream's engines and Python server speak it:
+//!
+//! | request                                | answer                                   |
+//! |----------------------------------------|------------------------------------------|
+//! | any method, no or blank `key`          | 400 `metadata key is required`           |
+//! | `GET /metadata?key=K`, K stored        | 200, the stored value (`application/json`) |
+//! | `GET /metadata?key=K`, K not stored    | 404 `metadata not found`                 |
+//! | `PUT /metadata?key=K` + body           | 200 `metadata updated` (body stored as sent) |
+//! | `PUT` of an existing key containing `rpc_meta` | 400 `Duplicate rpc_meta key not allowed` |
+//! | `DELETE /metadata?key=K`, K stored     | 200 `metadata deleted`                   |
+//! | `DELETE /metadata?key=K`, K not stored | 404 `metadata not found`                 |
+//! | another method on `/metadata`          | 405 `Method not allowed`                 |
+//! | another path                           | 404 `404: Not Found` (`text/plain`)      |
+//!
+//! Keys are percent-decoded (`+` is a space) and stripped of surrounding
+//! whitespace; the first `key` parameter counts. Text answers on
+//! `/metadata` carry `Content-Type: application/json; charset=utf-8`, as
+//! upstream's do. Beyond upstream: `GET /health` answers 200 `OK` (as
+//! upstream's C++ metadata server does), and the caps of [`Config`] answer
+//! 413 (body too large), 414 (key too long) or 507 (store full).
+//!
+//! [`serve`] runs the server; the `mooncake-metadata-server` binary wraps
+//! it with flags and signal handling.
+
+pub mod store;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::response::Response;
+use axum::Router;
+use bytes::BytesMut;
+use futures::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+pub use store::{Limits, PutError, Store};
+
+/// The path upstream's engines and server use.
+pub const METADATA_PATH: &str = "/metadata";
+
+/// How the server behaves; [`Config::default`] is compatible with upstream
+/// and generous enough for any cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Caps on keys and stored bytes.
+    pub limits: Limits,
+    /// The largest request body accepted (default 4 MiB).
+    pub max_body_bytes: usize,
+    /// Let a PUT replace an existing `rpc_meta` key, so that an engine that
+    /// crashed can restart under the same segment name. Off by default:
+    /// upstream refuses (400 `Duplicate rpc_meta key not allowed`).
+    pub allow_rpc_meta_overwrite: bool,
+    /// Connections served at once; more wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// A connection with no request under way, or whose reader or writer
+    /// makes no progress, is closed after this long.
+    pub idle_timeout: Duration,
+    /// From its first byte, a request (headers and body) must arrive within
+    /// this long, or its connection is closed.
+    pub request_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            max_body_bytes: 4 << 20,
+            allow_rpc_meta_overwrite: false,
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves the metadata protocol on `listener` until `shutdown` completes;
+/// then stops accepting, lets requests under way finish (each is bounded
+/// by [`Config::request_timeout`]) and returns.
+pub async fn serve<F>(listener: TcpListener, config: Config, shutdown: F) -> io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let listener = TimedListener {
+        inner: listener,
+        permits: Arc::new(Semaphore::new(config.max_connections.max(1))),
+        idle: config.idle_timeout,
+        request: config.request_timeout,
+    };
+    axum::serve(listener, router(&config))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// The request handling alone, as an axum [`Router`] with its own empty
+/// store (for embedding in another server; [`serve`] adds the connection
+/// limits and timeouts).
+pub fn router(config: &Config) -> Router {
+    let app = Arc::new(App {
+        store: Mutex::new(Store::new(config.limits, config.allow_rpc_meta_overwrite)),
+        max_body_bytes: config.max_body_bytes,
+    });
+    Router::new().fallback(handle).with_state(app)
+}
+
+struct App {
+    store: Mutex<Store>,
+    max_body_bytes: usize,
+}
+
+impl App {
+    fn store(&self) -> MutexGuard<'_, Store> {
+        // The store stays consistent under any panic (none is expected).
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+const JSON_TEXT: &str = "application/json; charset=utf-8";
+const JSON: &str = "application/json";
+const PLAIN_TEXT: &str = "text/plain; charset=utf-8";
+
+fn answer(status: StatusCode, content_type: &'static str, body: impl Into<Body>) -> Response {
+    let mut r = Response::new(body.into());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response {
+    answer(status, JSON_TEXT, body.into())
+}
+
+async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
+    let path = decode(req.uri().path(), false);
+    if path == "/health" && req.method() == Method::GET {
+        return answer(StatusCode::OK, PLAIN_TEXT, "OK");
+    }
+    if path != METADATA_PATH {
+        return answer(StatusCode::NOT_FOUND, PLAIN_TEXT, "404: Not Found");
+    }
+    let raw_key = req.uri().query().and_then(query_key).unwrap_or_default();
+    let key = store::strip_key(&raw_key);
+    let method = req.method().clone();
+    let declared_len = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if key.is_empty() {
+        return text(StatusCode::BAD_REQUEST, "metadata key is required");
+    }
+    let resp = match method {
+        Method::GET => match app.store().get(key) {
+            Some(v) => answer(StatusCode::OK, JSON, v),
+            None => text(StatusCode::NOT_FOUND, "metadata not found"),
+        },
+        Method::PUT => put(&app, key, declared_len, req.into_body()).await,
+        Method::DELETE => {
+            if app.store().delete(key) {
+                text(StatusCode::OK, "metadata deleted")
+            } else {
+                text(StatusCode::NOT_FOUND, "metadata not found")
+            }
+        }
+        _ => {
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed");
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, PUT, DELETE"));
+            r
+        }
+    };
+    tracing::debug!(%method, key, status = resp.status().as_u16(), "metadata request");
+    resp
+}
+
+async fn put(app: &App, key: &str, declared_len: Option<u64>, body: Body) -> Response {
+    let max = app.max_body_bytes;
+    let too_large = || {
+        tracing::warn!(key, limit = max, "metadata PUT refused: body too large");
+        text(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body exceeds the limit of {max} bytes"),
+        )
+    };
+    // Refused before the body is read (no 100 Continue goes out).
+    if declared_len.is_some_and(|n| n > max as u64) {
+        return too_large();
+    }
+    let limits = app.store().limits();
+    if key.len() > limits.max_key_bytes {
+        let e = PutError::KeyTooLong {
+            len: key.len(),
+            max: limits.max_key_bytes,
+        };
+        tracing::warn!(limit = limits.max_key_bytes, "metadata PUT refused: {e}");
+        return text(StatusCode::URI_TOO_LONG, e.to_string());
+    }
+    let mut data = BytesMut::new();
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(c) if data.len() + c.len() > max => return too_large(),
+            Ok(c) => data.extend_from_slice(&c),
+            Err(e) => {
+                tracing::debug!(key, "metadata PUT: reading the body failed: {e}");
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("failed to read the request body: {e}"),
+                );
+            }
+        }
+    }
+    let result = app.store().put(key, data.freeze());
+    match result {
+        Ok(()) => text(StatusCode::OK, "metadata updated"),
+        Err(e @ PutError::DuplicateRpcMeta) => text(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ PutError::KeyTooLong { .. }) => text(StatusCode::URI_TOO_LONG, e.to_string()),
+        Err(e) => {
+            tracing::warn!(key, "metadata PUT refused: {e}");
+            text(StatusCode::INSUFFICIENT_STORAGE, e.to_string())
+        }
+    }
+}
+
+/// The first `key` parameter of a query string, decoded as upstream's
+/// server (aiohttp/yarl) decodes it: split on `&`, `+` is a space, `%XX`
+/// escapes decoded (malformed ones kept as they are), and invalid UTF-8
+/// replaced by U+FFFD.
+pub fn query_key(query: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (decode(name, true) == "key").then(|| decode(value, true))
+    })
+}
+
+/// Percent-decodes `s` (and `+` to a space where `plus` is set).
+fn decode(s: &str, plus: bool) -> String {
+    fn hex(b: u8) -> Option<u8> {
+        match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            b'A'..=b'F' => Some(b - b'A' + 10),
+            _ => None,
+        }
+    }
+    let src = s.as_bytes();
+    let mut out = Vec::with_capacity(src.len());
+    let mut i = 0;
+    while i < src.len() {
+        match src[i] {
+            b'%' => {
+                let pair = src
+                    .get(i + 1)
+                    .copied()
+                    .and_then(hex)
+                    .zip(src.get(i + 2).copied().and_then(hex));
+                match pair {
+                    Some((hi, lo)) => {
+                        out.push(hi << 4 | lo);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b'+' if plus => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    match String::from_utf8(out) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
+}
+
+/// Accepts connections up to the connection cap and wraps each in
+/// [`TimedStream`].
+struct TimedListener {
+    inner: TcpListener,
+    permits: Arc<Semaphore>,
+    idle: Duration,
+    request: Duration,
+}
+
+impl axum::serve::Listener for TimedListener {
+    type Io = TimedStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        // The semaphore is never closed, so this always yields a permit.
+        let permit = self.permits.clone().acquire_owned().await.ok();
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, addr)) => {
+                    let _ = stream.set_nodelay(true);
+                    let io = TimedStream {
+                        inner: stream,
+                        timer: Box::pin(tokio::time::sleep(self.idle)),
+                        idle: self.idle,
+                        request: self.request,
+                        in_request: false,
+                        _permit: permit,
+                    };
+                    return (io, addr);
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, as axum's
+                    // own listener does, rather than spin.
+                    tracing::warn!("metadata server: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A TCP stream with deadlines. Waiting for a request, or for a stalled
+/// reader or writer, it fails with `TimedOut` after the idle timeout; from
+/// the first byte of a request until its answer starts going out, after
+/// the request timeout (so a client trickling bytes cannot hold a
+/// connection for ever).
+struct TimedStream {
+    inner: TcpStream,
+    timer: Pin<Box<Sleep>>,
+    idle: Duration,
+    request: Duration,
+    in_request: bool,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl TimedStream {
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        self.timer.as_mut().poll(cx).is_ready()
+    }
+
+    fn timed_out(&self) -> io::Error {
+        let what = if self.in_request { "request" } else { "idle" };
+        io::Error::new(io::ErrorKind::TimedOut, format!("{what} timeout"))
+    }
+
+    fn wrote(&mut self) {
+        // An answer is going out: the request is over.
+        self.in_request = false;
+        let at = Instant::now() + self.idle;
+        self.timer.as_mut().reset(at);
+    }
+
+    fn after_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match r {
+            Poll::Ready(Ok(n)) => {
+                self.wrote();
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending if self.expired(cx) => Poll::Ready(Err(self.timed_out())),
+            other => other,
+        }
+    }
+}
+
+impl AsyncRead for TimedStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before && !this.in_request {
+                    this.in_request = true;
+                    let at = Instant::now() + this.request;
+                    this.timer.as_mut().reset(at);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if this.expired(cx) => Poll::Ready(Err(this.timed_out())),
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for TimedStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.after_write(cx, r)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.after_write(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_flush(cx) {
+            Poll::Pending if this.expired(cx) => Poll::Ready(Err(this.timed_out())),
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_decoding_matches_upstream() {
+        let k = |q: &str| query_key(q);
+        assert_eq!(
+            k("key=mooncake%2Fram%2F127.0.0.1%3A1234").as_deref(),
+            Some("mooncake/ram/127.0.0.1:1234")
+        );
+        assert_eq!(k("key=a+b%2Bc%26d%3Fe").as_deref(), Some("a b+c&d?e"));
+        assert_eq!(k("x=1&key=first&key=second").as_deref(), Some("first"));
+        assert_eq!(k("k%65y=v").as_deref(), Some("v"));
+        assert_eq!(k("key").as_deref(), Some(""));
+        assert_eq!(k("key=a;b").as_deref(), Some("a;b"));
+        assert_eq!(k("KEY=a"), None);
+        assert_eq!(k("").as_deref(), None);
+        // Malformed escapes stay; invalid UTF-8 becomes U+FFFD.
+        assert_eq!(k("key=%ZZ%2%").as_deref(), Some("%ZZ%2%"));
+        assert_eq!(k("key=%FF").as_deref(), Some("\u{fffd}"));
+        assert_eq!(k("key=%ff").as_deref(), Some("\u{fffd}"));
+        assert_eq!(k("key=%E2%82").as_deref(), Some("\u{fffd}"));
+        assert_eq!(k("key=%E2%82%AC").as_deref(), Some("\u{20ac}"));
+        assert_eq!(decode("/%6Detadata", false), "/metadata");
+        assert_eq!(decode("/a+b", false), "/a+b");
+    }
+}
