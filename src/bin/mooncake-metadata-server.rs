@@ -127,6 +127,7 @@ fn main() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&args.log_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
