@@ -477,4 +477,31 @@ mod tests {
         assert_eq!(decode("/%6Detadata", false), "/metadata");
         assert_eq!(decode("/a+b", false), "/a+b");
     }
+
+    fn curl_escape(key: &str) -> String {
+        key.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn encoded_keys_round_trip(key in "\\PC{0,40}") {
+            let q = format!("a=1&key={}&key=x", curl_escape(&key));
+            proptest::prop_assert_eq!(query_key(&q), Some(key));
+        }
+
+        #[test]
+        fn any_query_decodes(q in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            let q = String::from_utf8_lossy(&q);
+            let _ = query_key(&q);
+            let _ = decode(&q, false);
+        }
+    }
 }
