@@ -6,8 +6,10 @@
 # ours->upstream, upstream->ours), our same-host path, 4 KiB request rates
 # and iperf3, each RUNS times, and prints one table of medians and ratios.
 #
-#   scripts/perf-compare.sh [--runs N] [--duration S] [--quick] [--baseline-rev REV] [--markdown FILE]
+#   scripts/perf-compare.sh [--runs N] [--duration S] [--quick] [--same-host-only] [--baseline-rev REV] [--markdown FILE]
 #
+# --same-host-only runs only our same-host path (and the baseline's): a
+# longer A/B of that path, whose cells vary most from run to run.
 # --baseline-rev REV also builds our bench at git revision REV (in a
 # temporary worktree, its own target directory) and runs it interleaved
 # with the current build: a before/after table from the same run.

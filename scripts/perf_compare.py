@@ -185,6 +185,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch_size", type=int, default=32)
     ap.add_argument("--quick", action="store_true", help="64 KiB READ/WRITE only, for tuning")
+    ap.add_argument("--same-host-only", action="store_true",
+                    help="only our same-host path (and the baseline's, with --baseline): a longer A/B of that path")
     ap.add_argument("--baseline", help="an older build of our transfer_engine_bench, for a before/after table")
     ap.add_argument("--baseline-label", default="baseline", help="what to call it in the table")
     ap.add_argument("--markdown", metavar="FILE", help="also write the tables to FILE")
@@ -208,15 +210,18 @@ def main():
     cases = []  # (key, target, initiator, op, block, extra, env)
     for block in blocks:
         for op in ("read", "write"):
-            cases.append((("tcp", op, block, "up/up"), "up", "up", op, block, [], {}))
-            cases.append((("tcp", op, block, "ours/ours"), "ours", "ours", op, block, ["--same_host=off"], {}))
-            cases.append((("tcp", op, block, "ours->up"), "up", "ours", op, block, [], {}))
-            cases.append((("tcp", op, block, "up->ours"), "ours", "up", op, block, [], {}))
+            if not args.same_host_only:
+                cases.append((("tcp", op, block, "up/up"), "up", "up", op, block, [], {}))
+                cases.append((("tcp", op, block, "ours/ours"), "ours", "ours", op, block, ["--same_host=off"], {}))
+                cases.append((("tcp", op, block, "ours->up"), "up", "ours", op, block, [], {}))
+                cases.append((("tcp", op, block, "up->ours"), "ours", "up", op, block, [], {}))
             cases.append((("same", op, block, "ours/ours"), "ours", "ours", op, block, [], {}))
             if args.baseline:
-                cases.append((("tcp", op, block, "base/base"), "base", "base", op, block, ["--same_host=off"], {}))
+                if not args.same_host_only:
+                    cases.append((("tcp", op, block, "base/base"), "base", "base", op, block, ["--same_host=off"],
+                                  {}))
                 cases.append((("same", op, block, "base/base"), "base", "base", op, block, [], {}))
-    if not args.quick:
+    if not args.quick and not args.same_host_only:
         for lanes in (1, 4):
             cases.append((("rate", "read", 4 * KIB, f"up/up lanes={lanes}"), "up", "up", "read", 4 * KIB, [],
                           {"MC_TCP_LANES_PER_PEER": str(lanes)}))
@@ -232,7 +237,8 @@ def main():
     targets = {}
     try:
         for kind in bins:
-            targets[kind] = Target(kind, bins[kind], workdir)
+            if any(c[1] == kind for c in cases):  # no idle target beside the measured ones
+                targets[kind] = Target(kind, bins[kind], workdir)
         for rep in range(args.runs):
             for key, tgt, ini, op, block, extra, env in cases:
                 r, err = run_initiator(bins[ini], targets[tgt].segment, op, block, args, extra, env, workdir,
@@ -244,7 +250,7 @@ def main():
                 results[key].append(r)
                 cpu = f", {r['cpu_per_gb']:.3f} CPU s/GB" if r["cpu_per_gb"] is not None else ""
                 print(f"  run {rep + 1} {key}: {r['gbps']:.2f} GB/s, {r['reqs']:.0f} req/s{cpu}", file=sys.stderr)
-            r, err = run_iperf(args.duration)
+            r, err = (None, "not run (--same-host-only)") if args.same_host_only else run_iperf(args.duration)
             if r:
                 iperf.append(r["gbps"])
                 print(f"  run {rep + 1} iperf3: {r['gbps']:.2f} GB/s", file=sys.stderr)
@@ -351,6 +357,8 @@ def main():
             print(f"| {lanes} | {fmt(u, 0)} | {fmt(o, 0)} | {fmt(r)}× |")
             checks.append((f"4 KiB READ rate, {lanes} connection(s): ours ≥ 2× upstream", r is not None and r >= 2.0,
                            fmt(r) + "×"))
+    if args.same_host_only:  # the TCP cells above were not measured
+        checks = [c for c in checks if c[0].startswith("same-host")]
     print()
     print("Targets:")
     for name, ok, val in checks:
