@@ -107,3 +107,40 @@ TEST(registry_remove_waits_for_pins) {
     t.join();
     CHECK(removed.load());
 }
+
+TEST(registry_shared_pins_are_counted_and_waited_for) {
+    // A submit shares the previous request's pin when its region holds the
+    // next range: every shared pin counts, from whichever thread drops it.
+    std::vector<char> mem(1 << 16);
+    MemoryRegistry r;
+    uint64_t a = reinterpret_cast<uint64_t>(mem.data());
+    r.add(a, mem.size(), "", true);
+    RegionPin first = r.pin(a, 64, false);
+    REQUIRE(first);
+    std::vector<RegionPin> shared;
+    for (int i = 0; i < 1000; ++i) shared.push_back(first.share());
+    CHECK(shared.back().region() == first.region());
+    first.release();
+    CHECK(!r.wait_idle(a, 0));  // 1000 shared pins still held
+    std::atomic<bool> removed{false};
+    std::thread remover([&] {
+        r.remove(a);
+        removed = true;
+    });
+    // Released concurrently by four threads, as transports complete them.
+    std::vector<std::thread> releasers;
+    for (int t = 0; t < 4; ++t)
+        releasers.emplace_back([&, t] {
+            for (size_t i = static_cast<size_t>(t); i < shared.size(); i += 4) {
+                if (t == 0 && i == 400) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                shared[i].release();
+            }
+        });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(!removed.load());
+    for (auto &t : releasers) t.join();
+    remover.join();
+    CHECK(removed.load());
+    // A default (empty) pin shares nothing.
+    CHECK(!RegionPin().share());
+}

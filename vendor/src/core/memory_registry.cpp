@@ -23,17 +23,20 @@ std::string range_str(uint64_t a, uint64_t l) {
 }  // namespace
 
 RegionPin::RegionPin(std::shared_ptr<Region> r) : r_(std::move(r)) {
-    if (r_) {
-        std::lock_guard<std::mutex> g(r_->mu);
-        ++r_->pins;
-    }
+    // Relaxed: a new pin comes from the registry (under its lock) or from
+    // an existing pin, so the count cannot be observed going 0 -> 1 by an
+    // unregister that already saw it reach zero.
+    if (r_) r_->pins.fetch_add(1, std::memory_order_relaxed);
 }
 
 void RegionPin::release() {
     if (!r_) return;
-    {
+    if (r_->pins.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        // The waiter checks the count holding `mu`: taking it here before
+        // notifying means the wake-up cannot fall between its check and
+        // its wait.
         std::lock_guard<std::mutex> g(r_->mu);
-        if (--r_->pins == 0) r_->cv.notify_all();
+        r_->cv.notify_all();
     }
     r_.reset();
 }
@@ -142,13 +145,13 @@ void MemoryRegistry::wait_unpinned(const std::shared_ptr<Region> &r) {
     std::unique_lock<std::mutex> g(r->mu);
     auto start = std::chrono::steady_clock::now();
     bool warned = false;
-    while (r->pins != 0) {
+    while (r->pins.load(std::memory_order_acquire) != 0) {
         r->cv.wait_for(g, std::chrono::seconds(1));
-        if (!warned && r->pins != 0 &&
+        if (!warned && r->pins.load(std::memory_order_acquire) != 0 &&
             std::chrono::steady_clock::now() - start > std::chrono::seconds(2)) {
             warned = true;
             MC_LOG(Warn, "unregister of " << range_str(r->addr, r->length) << " waits for "
-                                          << r->pins << " in-flight transfer(s)");
+                                          << r->pins.load() << " in-flight transfer(s)");
         }
     }
 }
@@ -199,7 +202,7 @@ bool MemoryRegistry::wait_idle(uint64_t addr, int64_t timeout_ms) const {
         r = it->second;
     }
     std::unique_lock<std::mutex> g(r->mu);
-    auto idle = [&] { return r->pins == 0; };
+    auto idle = [&] { return r->pins.load(std::memory_order_acquire) == 0; };
     if (timeout_ms < 0) {
         r->cv.wait(g, idle);
         return true;

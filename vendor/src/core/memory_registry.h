@@ -4,6 +4,7 @@
 // drop, so memory is never handed back to its owner while I/O may touch it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -26,10 +27,13 @@ struct Region {
 
     uint64_t end() const { return addr + length; }
 
-    // Pin count, guarded by `mu`.
+    // Pin count: one per request in flight on this region. Atomic because
+    // every request takes and drops one (a mutex here cost more than the
+    // rest of a small request's bookkeeping); `mu`/`cv` only wake an
+    // unregister waiting for the count to reach zero.
+    std::atomic<uint64_t> pins{0};
     std::mutex mu;
     std::condition_variable cv;
-    uint64_t pins = 0;
 };
 
 // RAII pin on a Region; movable, not copyable.
@@ -49,6 +53,9 @@ public:
         return *this;
     }
     explicit operator bool() const { return r_ != nullptr; }
+    // A second pin on the same region (for a request whose range lies
+    // inside a region this pin already holds: no registry lookup).
+    RegionPin share() const { return RegionPin(r_); }
     const Region *region() const { return r_.get(); }
     void release();
 

@@ -68,8 +68,10 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
             items.clear();
             group.clear();
             descs.clear();
-            // A huge batch must not pin its scratch to this thread forever.
-            constexpr size_t kKeep = 16384;
+            // A huge batch must not pin its scratch to this thread forever,
+            // but a KV pull of a long prompt (100k+ requests) reuses it:
+            // freeing it made every such submit fault its pages in again.
+            constexpr size_t kKeep = (16u << 20) / sizeof(TransferItem);
             if (items.capacity() > kKeep) std::vector<TransferItem>().swap(items);
             if (group.capacity() > kKeep) std::vector<TransferItem>().swap(group);
         }
@@ -81,7 +83,7 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
     bool one_target = true;
     for (size_t i = 0; i < n; ++i) {
         if (i > 0 && reqs[i].target_id != reqs[0].target_id) one_target = false;
-        prepare_item(reqs[i], i, descs, items[i]);
+        prepare_item(reqs[i], i, descs, items[i], i > 0 ? &items[i - 1].local_pin : nullptr);
     }
     auto first = batch->reserve(n);
     if (!first) throw too_many();
@@ -97,7 +99,8 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
     else dispatch_by_target(reqs, items, group, descs);
 }
 
-void TransferEngine::prepare_item(const Request &r, size_t i, std::vector<Target> &targets, TransferItem &it) {
+void TransferEngine::prepare_item(const Request &r, size_t i, std::vector<Target> &targets, TransferItem &it,
+                                  const RegionPin *prev) {
     auto where = [i]() { return "request " + std::to_string(i) + ": "; };
     if (r.opcode != kOpRead && r.opcode != kOpWrite)
         throw StatusError(kStatusInvalidArgument,
@@ -120,7 +123,11 @@ void TransferEngine::prepare_item(const Request &r, size_t i, std::vector<Target
         if (!routes.rdma) rdma_now.reset();
         targets.push_back(Target{r.target_id, std::move(d), routes, std::move(rdma_now)});
     }
-    RegionPin pin = registry_.pin(src, r.length, /*need_remote=*/false);
+    // KV blocks come in runs from one registered cache: the previous
+    // request's region usually holds this one too.
+    RegionPin pin = prev && *prev && range_within(src, r.length, prev->region()->addr, prev->region()->length)
+                        ? prev->share()
+                        : registry_.pin(src, r.length, /*need_remote=*/false);
     if (!pin)
         throw StatusError(kStatusAddressNotRegistered, where() + "local range [" + hex(src) + ", " +
                                                            hex(src + r.length) + ") is not inside one registered buffer");

@@ -189,7 +189,10 @@ private:
                    IpcRouteMemo &memo) const;
     // Checks request `i` (throws StatusError naming it), learns its target's
     // routes on first sight, pins its local range and fills `it`.
-    void prepare_item(const Request &r, size_t i, std::vector<Target> &targets, struct TransferItem &it);
+    // `prev`: the previous request's pin, shared when its region holds this
+    // request's range too.
+    void prepare_item(const Request &r, size_t i, std::vector<Target> &targets, struct TransferItem &it,
+                      const RegionPin *prev);
     void dispatch(int32_t target, std::vector<struct TransferItem> &items, const std::vector<Target> &descs);
     void dispatch_by_target(const Request *reqs, std::vector<struct TransferItem> &items,
                             std::vector<struct TransferItem> &group, const std::vector<Target> &targets);
