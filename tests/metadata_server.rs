@@ -32,6 +32,15 @@ fn main() {
             wrap(slow_and_idle_clients_do_not_block_others),
         ),
         Trial::test(
+            "slow_reader_is_closed_at_the_response_deadline",
+            wrap(slow_reader_is_closed_at_the_response_deadline),
+        ),
+        Trial::test("per_ip_connection_cap", wrap(per_ip_connection_cap)),
+        Trial::test(
+            "inflight_body_budget_answers_503_and_is_released",
+            wrap(inflight_body_budget_answers_503_and_is_released),
+        ),
+        Trial::test(
             "binary_serves_and_stops_on_sigterm",
             wrap(binary_serves_and_stops_on_sigterm),
         ),
@@ -536,6 +545,182 @@ fn slow_and_idle_clients_do_not_block_others() {
     assert_answer(&server.conn().get("k0"), 200, "1");
 }
 
+/// Reads and discards until EOF or a reset (`Some(bytes read)`), or
+/// `None` if the connection stays open for `within`.
+fn drain_until_closed(c: &mut Conn, within: Duration) -> Option<usize> {
+    let deadline = Instant::now() + within;
+    let mut total = 0;
+    let mut b = vec![0u8; 1 << 16];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        c.stream.set_read_timeout(Some(left)).unwrap();
+        match c.reader.read(&mut b) {
+            Ok(0) => return Some(total),
+            Ok(n) => total += n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return None
+            }
+            Err(_) => return Some(total),
+        }
+    }
+}
+
+fn slow_reader_is_closed_at_the_response_deadline() {
+    let request_timeout = Duration::from_millis(1000);
+    let server = Server::start(Config {
+        max_body_bytes: 4 << 20,
+        idle_timeout: Duration::from_secs(10),
+        request_timeout,
+        ..Config::default()
+    });
+    let value = vec![b'v'; 4 << 20];
+    let mut c = server.conn();
+    assert_answer(&c.put("big", &value), 200, "metadata updated");
+    // A fast reader gets it whole; and a keep-alive connection idle for
+    // longer than the request timeout (but not the idle one) still works.
+    let r = c.get("big");
+    assert_eq!((r.status, r.body.len()), (200, value.len()));
+    std::thread::sleep(request_timeout + Duration::from_millis(300));
+    assert_answer(&c.put("small", b"1"), 200, "metadata updated");
+
+    // A slow reader asks for 64 MiB (16 pipelined GETs) and reads a few
+    // KiB every 50 ms: without a deadline on answers it would get them all.
+    let mut slow = server.conn();
+    let asked = 16 * value.len();
+    let req = format!("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", target("big")).repeat(16);
+    slow.stream.write_all(req.as_bytes()).unwrap();
+    let start = Instant::now();
+    let mut got = 0;
+    let mut b = [0u8; 4096];
+    while start.elapsed() < request_timeout * 2 + Duration::from_millis(500) {
+        match slow.reader.read(&mut b) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+        // Everyone else is served meanwhile.
+        assert_answer(&c.get("small"), 200, "1");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The server has closed it: what remains buffered, then EOF, well
+    // short of everything asked for.
+    let rest = drain_until_closed(&mut slow, Duration::from_secs(5))
+        .expect("the slow reader's connection is still open");
+    assert!(got + rest < asked, "got {} of {asked}", got + rest);
+    assert_answer(&server.conn().get("small"), 200, "1");
+}
+
+fn per_ip_connection_cap() {
+    let server = Server::start(Config {
+        max_connections_per_ip: 2,
+        ..Config::default()
+    });
+    let mut a = server.conn();
+    let mut b = server.conn();
+    assert_answer(&a.put("k", b"1"), 200, "metadata updated");
+    assert_answer(&b.get("k"), 200, "1");
+    // A third from the same address is closed at once.
+    let mut extra = server.conn();
+    assert!(
+        extra.closed_within(Duration::from_secs(2)),
+        "third still open"
+    );
+    // Those under the cap keep working.
+    assert_answer(&a.get("k"), 200, "1");
+    assert_answer(&b.get("k"), 200, "1");
+    // Once one closes, its place is free again.
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut c = server.conn();
+        c.stream
+            .write_all(format!("GET {} HTTP/1.1\r\nHost: x\r\n\r\n", target("k")).as_bytes())
+            .unwrap();
+        let mut line = String::new();
+        if c.reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+            assert!(line.starts_with("HTTP/1.1 200"), "{line:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no place freed after a close");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_answer(&b.get("k"), 200, "1");
+}
+
+/// Sends the head of a PUT declaring `len` body bytes, and `part` of them.
+fn put_partial(server: &Server, key: &str, len: usize, part: usize) -> Conn {
+    let mut c = server.conn();
+    let head = format!(
+        "PUT {} HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n",
+        target(key)
+    );
+    c.stream.write_all(head.as_bytes()).unwrap();
+    c.stream.write_all(&vec![b'p'; part]).unwrap();
+    c
+}
+
+fn inflight_body_budget_answers_503_and_is_released() {
+    let server = Server::start(Config {
+        max_body_bytes: 1000,
+        max_inflight_body_bytes: 1500,
+        ..Config::default()
+    });
+    let mut other = server.conn();
+    // One body of 1000 bytes under way holds 1000 of the 1500.
+    let mut held = put_partial(&server, "held", 1000, 10);
+    std::thread::sleep(Duration::from_millis(300));
+    // Another 1000 does not fit: 503, clearly.
+    let r = server.conn().put("b", &[b'b'; 1000]);
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(
+        r.text().contains("in flight") && r.text().contains("1500"),
+        "{r:?}"
+    );
+    // Nor does a chunked one once it grows past what is left.
+    let mut c = server.conn();
+    let mut req =
+        b"PUT /metadata?key=ch HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..2 {
+        req.extend_from_slice(b"12C\r\n");
+        req.extend_from_slice(&[b'c'; 300]);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    c.stream.write_all(&req).unwrap();
+    let r = c.read_response(false);
+    assert_eq!(r.status, 503, "{r:?}");
+    // What fits is taken in meanwhile; others are served.
+    assert_answer(&other.put("small", &[b's'; 400]), 200, "metadata updated");
+    assert_answer(&other.get("small"), 200, &"s".repeat(400));
+    // The held body completes; then its bytes are free again.
+    held.stream.write_all(&[b'p'; 990]).unwrap();
+    let r = held.read_response(false);
+    assert_answer(&r, 200, "metadata updated");
+    assert_answer(&other.put("b", &[b'b'; 1000]), 200, "metadata updated");
+    // A body abandoned half way (the client goes away) frees its bytes.
+    drop(put_partial(&server, "gone", 1000, 500));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let r = other.put("after", &[b'a'; 1000]);
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 503, "{r:?}");
+        assert!(Instant::now() < deadline, "budget not released");
+        std::thread::sleep(Duration::from_millis(50));
+        other = server.conn();
+    }
+    assert_eq!(other.get("after").body.len(), 1000);
+    assert_answer(&other.get("gone"), 404, "metadata not found");
+}
+
 fn binary_serves_and_stops_on_sigterm() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mooncake-metadata-server"))
         .args(["--port", "0", "--log-level", "warning"])
@@ -568,6 +753,23 @@ fn binary_serves_and_stops_on_sigterm() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    // Numbers out of range: exit 2, naming the flag (no panic).
+    for (flag, bad) in [
+        ("--idle-timeout-secs", "0"),
+        ("--idle-timeout-secs", "18446744073709551615"),
+        ("--request-timeout-secs", "99999999999"),
+        ("--max-connections", "9223372036854775807"),
+        ("--max-connections-per-ip", "0"),
+        ("--max-inflight-body-bytes", "-5"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mooncake-metadata-server"))
+            .args(["--port", "0", flag, bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {bad}: {err}");
+        assert!(err.contains(flag), "{flag} {bad}: {err}");
+    }
 }
 
 fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {

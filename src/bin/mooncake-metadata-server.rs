@@ -17,13 +17,22 @@ usage: mooncake-metadata-server [options]
   --port PORT                    port (default 8080, as upstream; 0 picks a free one)
   --log-level LEVEL              debug, info, warning, error or critical (default info;
                                  RUST_LOG, when set, wins)
-  --max-body-bytes N             largest PUT body (default 4194304)
-  --max-key-bytes N              longest key (default 4096)
-  --max-keys N                   most keys held (default 65536)
-  --max-total-bytes N            most bytes held, keys and values (default 1073741824)
-  --max-connections N            connections served at once (default 1024)
-  --idle-timeout-secs S          close connections idle or stalled this long (default 60)
-  --request-timeout-secs S       a request must arrive within this (default 10)
+  --max-body-bytes N             largest PUT body (default 1048576, as upstream's
+                                 aiohttp; 1..=1073741824, at most
+                                 --max-inflight-body-bytes)
+  --max-inflight-body-bytes N    request body bytes held at once, all connections
+                                 together; over it a PUT gets 503 (default 67108864;
+                                 1..=17179869184)
+  --max-key-bytes N              longest key (default 4096; 1..=1048576)
+  --max-keys N                   most keys held (default 65536; 1..=4294967296)
+  --max-total-bytes N            most bytes held, keys and values (default 1073741824;
+                                 1..=1099511627776)
+  --max-connections N            connections served at once (default 1024; 1..=1048576)
+  --max-connections-per-ip N     connections served at once from one client address;
+                                 more are closed at once (default 128; 1..=1048576)
+  --idle-timeout-secs S          close connections idle this long (default 60; 1..=86400)
+  --request-timeout-secs S       a request must arrive, and its answer be written out,
+                                 within this (default 10; 1..=3600)
   --allow-rpc-meta-overwrite     let a PUT replace an existing rpc_meta key (upstream
                                  refuses: an engine restarting under the same segment
                                  name then fails until its stale key is deleted)
@@ -43,9 +52,21 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         log_level: "info".into(),
         config: Config::default(),
     };
-    fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
-        v.parse()
-            .map_err(|_| format!("{flag}: not a valid number: {v:?}"))
+    // Every number within a range that cannot overflow a deadline or a
+    // semaphore, named in the error.
+    fn num(flag: &str, v: String, range: std::ops::RangeInclusive<u64>) -> Result<u64, String> {
+        let (lo, hi) = (range.start(), range.end());
+        match v.parse::<u64>() {
+            Ok(n) if range.contains(&n) => Ok(n),
+            _ => Err(format!(
+                "{flag}: expected a whole number from {lo} to {hi}, got {v:?}"
+            )),
+        }
+    }
+    // All ranges fit in usize on the 64-bit targets we build for; on a
+    // smaller one, the value is capped there.
+    fn size(n: u64) -> usize {
+        usize::try_from(n).unwrap_or(usize::MAX)
     }
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
@@ -63,7 +84,7 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
         let c = &mut a.config;
         match flag.as_str() {
             "--host" => a.host = val()?,
-            "--port" => a.port = num(&flag, val()?)?,
+            "--port" => a.port = num(&flag, val()?, 0..=65535)? as u16,
             "--log-level" => {
                 a.log_level = match val()?.to_ascii_lowercase().as_str() {
                     "debug" => "debug",
@@ -74,22 +95,37 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Args, String> {
                 }
                 .into()
             }
-            "--max-body-bytes" => c.max_body_bytes = num(&flag, val()?)?,
-            "--max-key-bytes" => c.limits.max_key_bytes = num(&flag, val()?)?,
-            "--max-keys" => c.limits.max_keys = num(&flag, val()?)?,
-            "--max-total-bytes" => c.limits.max_total_bytes = num(&flag, val()?)?,
-            "--max-connections" => c.max_connections = num(&flag, val()?)?,
-            "--idle-timeout-secs" => c.idle_timeout = Duration::from_secs(num(&flag, val()?)?),
+            "--max-body-bytes" => c.max_body_bytes = size(num(&flag, val()?, 1..=1 << 30)?),
+            "--max-inflight-body-bytes" => {
+                c.max_inflight_body_bytes = size(num(&flag, val()?, 1..=1 << 34)?)
+            }
+            "--max-key-bytes" => c.limits.max_key_bytes = size(num(&flag, val()?, 1..=1 << 20)?),
+            "--max-keys" => c.limits.max_keys = size(num(&flag, val()?, 1..=1 << 32)?),
+            "--max-total-bytes" => {
+                c.limits.max_total_bytes = size(num(&flag, val()?, 1..=1 << 40)?)
+            }
+            "--max-connections" => c.max_connections = size(num(&flag, val()?, 1..=1 << 20)?),
+            "--max-connections-per-ip" => {
+                c.max_connections_per_ip = size(num(&flag, val()?, 1..=1 << 20)?)
+            }
+            "--idle-timeout-secs" => {
+                c.idle_timeout = Duration::from_secs(num(&flag, val()?, 1..=86_400)?)
+            }
             "--request-timeout-secs" => {
-                c.request_timeout = Duration::from_secs(num(&flag, val()?)?)
+                c.request_timeout = Duration::from_secs(num(&flag, val()?, 1..=3_600)?)
             }
             "--allow-rpc-meta-overwrite" if inline.is_none() => c.allow_rpc_meta_overwrite = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
-    if a.config.max_connections == 0 {
-        return Err("--max-connections must be at least 1".into());
+    let c = &a.config;
+    if c.max_body_bytes > c.max_inflight_body_bytes {
+        return Err(format!(
+            "--max-body-bytes ({}) must not exceed --max-inflight-body-bytes ({}): \
+             such a body could never be taken in",
+            c.max_body_bytes, c.max_inflight_body_bytes
+        ));
     }
     Ok(a)
 }
@@ -168,6 +204,9 @@ async fn run(args: Args) -> i32 {
     tracing::info!(
         %addr,
         max_body_bytes = c.max_body_bytes,
+        max_inflight_body_bytes = c.max_inflight_body_bytes,
+        max_connections = c.max_connections,
+        max_connections_per_ip = c.max_connections_per_ip,
         max_key_bytes = c.limits.max_key_bytes,
         max_keys = c.limits.max_keys,
         max_total_bytes = c.limits.max_total_bytes,
@@ -175,7 +214,7 @@ async fn run(args: Args) -> i32 {
         "metadata server started"
     );
     println!("mooncake-metadata-server listening on http://{addr}/metadata");
-    let grace = c.request_timeout + Duration::from_secs(1);
+    let grace = c.request_timeout.saturating_add(Duration::from_secs(1));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(serve(listener, args.config, async move {
         let _ = stop_rx.await;
@@ -234,7 +273,48 @@ mod tests {
         assert!(parse(&["--port", "x"]).is_err());
         assert!(parse(&["--port"]).is_err());
         assert!(parse(&["--bogus"]).is_err());
-        assert!(parse(&["--max-connections", "0"]).is_err());
         assert!(parse(&["--log-level", "loud"]).is_err());
+        let a = parse(&[
+            "--max-connections-per-ip=2",
+            "--max-inflight-body-bytes",
+            "1000",
+            "--max-body-bytes=1000",
+        ])
+        .unwrap();
+        assert_eq!(a.config.max_connections_per_ip, 2);
+        assert_eq!(a.config.max_inflight_body_bytes, 1000);
+    }
+
+    #[test]
+    fn numbers_out_of_range_name_the_flag() {
+        for (flag, bad) in [
+            ("--port", "65536"),
+            ("--max-connections", "0"),
+            ("--max-connections", "18446744073709551615"),
+            ("--max-connections-per-ip", "0"),
+            ("--max-body-bytes", "0"),
+            ("--max-body-bytes", "1073741825"),
+            ("--max-inflight-body-bytes", "17179869185"),
+            ("--max-key-bytes", "0"),
+            ("--max-keys", "0"),
+            ("--max-total-bytes", "99999999999999999999"),
+            ("--idle-timeout-secs", "0"),
+            ("--idle-timeout-secs", "18446744073709551615"),
+            ("--request-timeout-secs", "0"),
+            ("--request-timeout-secs", "3601"),
+            ("--request-timeout-secs", "-1"),
+        ] {
+            let e = parse(&[flag, bad])
+                .err()
+                .unwrap_or_else(|| panic!("{flag} {bad}"));
+            assert!(
+                e.starts_with(flag) && e.contains(" to "),
+                "{flag} {bad}: {e}"
+            );
+        }
+        let e = parse(&["--max-body-bytes=2000", "--max-inflight-body-bytes=1000"])
+            .err()
+            .unwrap();
+        assert!(e.contains("--max-inflight-body-bytes"), "{e}");
     }
 }

@@ -22,17 +22,22 @@
 //! `/metadata` carry `Content-Type: application/json; charset=utf-8`, as
 //! upstream's do. Beyond upstream: `GET /health` answers 200 `OK` (as
 //! upstream's C++ metadata server does), and the caps of [`Config`] answer
-//! 413 (body too large), 414 (key too long) or 507 (store full).
+//! 413 (body too large), 414 (key too long), 503 (too many request bodies
+//! in flight: retry later) or 507 (store full); connections over the
+//! per-address cap are closed at once, and answers must go out within the
+//! request timeout.
 //!
 //! [`serve`] runs the server; the `mooncake-metadata-server` binary wraps
 //! it with flags and signal handling.
 
 pub mod store;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -42,7 +47,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use axum::Router;
-use bytes::BytesMut;
+use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -60,19 +65,29 @@ pub const METADATA_PATH: &str = "/metadata";
 pub struct Config {
     /// Caps on keys and stored bytes.
     pub limits: Limits,
-    /// The largest request body accepted (default 4 MiB).
+    /// The largest request body accepted (default 1 MiB, as aiohttp's
+    /// default `client_max_size` upstream).
     pub max_body_bytes: usize,
+    /// Request body bytes held at once by all connections together (default
+    /// 64 MiB): a body that does not fit is answered 503. Declared bodies
+    /// count in full from the start, chunked ones as they grow.
+    pub max_inflight_body_bytes: usize,
     /// Let a PUT replace an existing `rpc_meta` key, so that an engine that
     /// crashed can restart under the same segment name. Off by default:
     /// upstream refuses (400 `Duplicate rpc_meta key not allowed`).
     pub allow_rpc_meta_overwrite: bool,
     /// Connections served at once; more wait in the kernel's backlog.
     pub max_connections: usize,
+    /// Connections served at once from one client address (default 128);
+    /// one more is closed as soon as it is accepted.
+    pub max_connections_per_ip: usize,
     /// A connection with no request under way, or whose reader or writer
     /// makes no progress, is closed after this long.
     pub idle_timeout: Duration,
     /// From its first byte, a request (headers and body) must arrive within
-    /// this long, or its connection is closed.
+    /// this long, or its connection is closed; likewise an answer, from its
+    /// first byte, must be written out (to a reader however slow) within
+    /// this long.
     pub request_timeout: Duration,
 }
 
@@ -80,9 +95,11 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             limits: Limits::default(),
-            max_body_bytes: 4 << 20,
+            max_body_bytes: 1 << 20,
+            max_inflight_body_bytes: 64 << 20,
             allow_rpc_meta_overwrite: false,
             max_connections: 1024,
+            max_connections_per_ip: 128,
             idle_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(10),
         }
@@ -98,7 +115,12 @@ where
 {
     let listener = TimedListener {
         inner: listener,
-        permits: Arc::new(Semaphore::new(config.max_connections.max(1))),
+        permits: Arc::new(Semaphore::new(permits(config.max_connections))),
+        per_ip: Arc::new(PerIp {
+            counts: Mutex::new(HashMap::new()),
+            max: config.max_connections_per_ip.max(1),
+        }),
+        refusals: Throttle::new(),
         idle: config.idle_timeout,
         request: config.request_timeout,
     };
@@ -111,22 +133,111 @@ where
 /// store (for embedding in another server; [`serve`] adds the connection
 /// limits and timeouts).
 pub fn router(config: &Config) -> Router {
+    let inflight = permits(config.max_inflight_body_bytes);
     let app = Arc::new(App {
         store: Mutex::new(Store::new(config.limits, config.allow_rpc_meta_overwrite)),
         max_body_bytes: config.max_body_bytes,
+        inflight: Arc::new(Semaphore::new(inflight)),
+        inflight_limit: inflight,
+        refusals: Throttle::new(),
     });
     Router::new().fallback(handle).with_state(app)
+}
+
+/// A semaphore size in `1..=Semaphore::MAX_PERMITS` (more would panic).
+fn permits(n: usize) -> usize {
+    n.clamp(1, Semaphore::MAX_PERMITS)
+}
+
+/// `now + d`, saturating at about 30 years from now rather than
+/// overflowing.
+fn deadline(d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 86_400);
+    let now = Instant::now();
+    now.checked_add(d.min(FAR)).unwrap_or(now)
+}
+
+/// At most [`LOG_KEY_CHARS`] characters of `key`, for logs (keys may be
+/// long, and come from clients).
+fn log_key(key: &str) -> String {
+    match key.char_indices().nth(LOG_KEY_CHARS) {
+        Some((at, _)) => format!("{}... ({} bytes)", &key[..at], key.len()),
+        None => key.to_owned(),
+    }
+}
+
+const LOG_KEY_CHARS: usize = 128;
+
+/// Lets a kind of client-caused log line through at most once per
+/// [`Throttle::EVERY`], counting the ones held back.
+struct Throttle {
+    next: Mutex<Option<std::time::Instant>>,
+    held_back: AtomicU64,
+}
+
+impl Throttle {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn new() -> Self {
+        Self {
+            next: Mutex::new(None),
+            held_back: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines held back since the last one)` when a line may go out.
+    fn allow(&self) -> Option<u64> {
+        let now = std::time::Instant::now();
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        if next.is_some_and(|n| now < n) {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        *next = now.checked_add(Self::EVERY);
+        Some(self.held_back.swap(0, Ordering::Relaxed))
+    }
 }
 
 struct App {
     store: Mutex<Store>,
     max_body_bytes: usize,
+    /// Request body bytes that may still be taken in (in flight, not yet
+    /// stored or dropped).
+    inflight: Arc<Semaphore>,
+    inflight_limit: usize,
+    refusals: Throttle,
 }
 
 impl App {
     fn store(&self) -> MutexGuard<'_, Store> {
         // The store stays consistent under any panic (none is expected).
         self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Logs a refused PUT: a warning at most every [`Throttle::EVERY`],
+    /// the others at debug level.
+    fn refused(&self, key: &str, why: &dyn std::fmt::Display) {
+        let key = log_key(key);
+        match self.refusals.allow() {
+            Some(held_back) => {
+                tracing::warn!(key, held_back, "metadata PUT refused: {why}")
+            }
+            None => tracing::debug!(key, "metadata PUT refused: {why}"),
+        }
+    }
+
+    /// `n` more body bytes in flight, or `None` when the budget has no
+    /// room for them.
+    fn reserve(&self, n: usize) -> Option<Option<OwnedSemaphorePermit>> {
+        if n == 0 {
+            return Some(None);
+        }
+        let n = u32::try_from(n).ok()?;
+        self.inflight
+            .clone()
+            .try_acquire_many_owned(n)
+            .ok()
+            .map(Some)
     }
 }
 
@@ -185,54 +296,93 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
             r
         }
     };
-    tracing::debug!(%method, key, status = resp.status().as_u16(), "metadata request");
+    tracing::debug!(%method, key = log_key(key), status = resp.status().as_u16(), "metadata request");
     resp
 }
 
 async fn put(app: &App, key: &str, declared_len: Option<u64>, body: Body) -> Response {
     let max = app.max_body_bytes;
     let too_large = || {
-        tracing::warn!(key, limit = max, "metadata PUT refused: body too large");
-        text(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body exceeds the limit of {max} bytes"),
-        )
+        let e = format!("request body exceeds the limit of {max} bytes");
+        app.refused(key, &e);
+        text(StatusCode::PAYLOAD_TOO_LARGE, e)
+    };
+    let busy = || {
+        let e = format!(
+            "server busy: request bodies in flight would exceed the limit of {} bytes; retry later",
+            app.inflight_limit
+        );
+        app.refused(key, &e);
+        text(StatusCode::SERVICE_UNAVAILABLE, e)
     };
     // Refused before the body is read (no 100 Continue goes out).
-    if declared_len.is_some_and(|n| n > max as u64) {
-        return too_large();
-    }
+    let declared = match declared_len {
+        Some(n) if n > max as u64 => return too_large(),
+        Some(n) => Some(n as usize),
+        None => None,
+    };
     let limits = app.store().limits();
     if key.len() > limits.max_key_bytes {
         let e = PutError::KeyTooLong {
             len: key.len(),
             max: limits.max_key_bytes,
         };
-        tracing::warn!(limit = limits.max_key_bytes, "metadata PUT refused: {e}");
+        app.refused(key, &e);
         return text(StatusCode::URI_TOO_LONG, e.to_string());
     }
-    let mut data = BytesMut::new();
+    // A declared body counts in full before it is read, and is read into
+    // a buffer of exactly its size; a chunked one counts what its buffer
+    // holds as it grows. Every path out releases what was counted.
+    let (mut held, mut data) = match declared {
+        Some(n) => match app.reserve(n) {
+            Some(p) => (p, Vec::with_capacity(n)),
+            None => return busy(),
+        },
+        None => (None, Vec::new()),
+    };
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
-        match chunk {
-            Ok(c) if data.len() + c.len() > max => return too_large(),
-            Ok(c) => data.extend_from_slice(&c),
+        let c = match chunk {
+            Ok(c) => c,
             Err(e) => {
-                tracing::debug!(key, "metadata PUT: reading the body failed: {e}");
+                tracing::debug!(
+                    key = log_key(key),
+                    "metadata PUT: reading the body failed: {e}"
+                );
                 return text(
                     StatusCode::BAD_REQUEST,
                     format!("failed to read the request body: {e}"),
                 );
             }
+        };
+        let need = data.len() + c.len();
+        if need > max {
+            return too_large();
         }
+        if need > data.capacity() {
+            let cap = need.max(data.capacity().saturating_mul(2)).min(max);
+            match app.reserve(cap - data.capacity()) {
+                Some(Some(p)) => match held.as_mut() {
+                    Some(h) => h.merge(p),
+                    None => held = Some(p),
+                },
+                Some(None) => {}
+                None => return busy(),
+            }
+            data.reserve_exact(cap - data.len());
+        }
+        data.extend_from_slice(&c);
     }
-    let result = app.store().put(key, data.freeze());
+    // Stored values hold exactly their bytes, no spare capacity.
+    data.shrink_to_fit();
+    let result = app.store().put(key, Bytes::from(data));
+    drop(held);
     match result {
         Ok(()) => text(StatusCode::OK, "metadata updated"),
         Err(e @ PutError::DuplicateRpcMeta) => text(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e @ PutError::KeyTooLong { .. }) => text(StatusCode::URI_TOO_LONG, e.to_string()),
         Err(e) => {
-            tracing::warn!(key, "metadata PUT refused: {e}");
+            app.refused(key, &e);
             text(StatusCode::INSUFFICIENT_STORAGE, e.to_string())
         }
     }
@@ -297,13 +447,54 @@ fn decode(s: &str, plus: bool) -> String {
     }
 }
 
-/// Accepts connections up to the connection cap and wraps each in
-/// [`TimedStream`].
+/// Accepts connections up to the connection cap and the per-address cap,
+/// and wraps each in [`TimedStream`].
 struct TimedListener {
     inner: TcpListener,
     permits: Arc<Semaphore>,
+    per_ip: Arc<PerIp>,
+    refusals: Throttle,
     idle: Duration,
     request: Duration,
+}
+
+/// Connections open per client address.
+struct PerIp {
+    counts: Mutex<HashMap<IpAddr, usize>>,
+    max: usize,
+}
+
+impl PerIp {
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<IpSlot> {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let n = counts.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(IpSlot {
+            per_ip: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in its address's count, given back on drop.
+struct IpSlot {
+    per_ip: Arc<PerIp>,
+    ip: IpAddr,
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut counts = self.per_ip.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = counts.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl axum::serve::Listener for TimedListener {
@@ -316,14 +507,27 @@ impl axum::serve::Listener for TimedListener {
         loop {
             match self.inner.accept().await {
                 Ok((stream, addr)) => {
+                    let Some(slot) = self.per_ip.take(addr.ip()) else {
+                        // Closed at once (dropped), the permit kept.
+                        if let Some(held_back) = self.refusals.allow() {
+                            tracing::debug!(
+                                ip = %addr.ip(),
+                                limit = self.per_ip.max,
+                                held_back,
+                                "metadata server: connection refused: too many from this address"
+                            );
+                        }
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     let io = TimedStream {
                         inner: stream,
-                        timer: Box::pin(tokio::time::sleep(self.idle)),
+                        timer: Box::pin(tokio::time::sleep_until(deadline(self.idle))),
                         idle: self.idle,
                         request: self.request,
-                        in_request: false,
+                        phase: Phase::Idle,
                         _permit: permit,
+                        _slot: slot,
                     };
                     return (io, addr);
                 }
@@ -342,18 +546,32 @@ impl axum::serve::Listener for TimedListener {
     }
 }
 
-/// A TCP stream with deadlines. Waiting for a request, or for a stalled
-/// reader or writer, it fails with `TimedOut` after the idle timeout; from
-/// the first byte of a request until its answer starts going out, after
-/// the request timeout (so a client trickling bytes cannot hold a
-/// connection for ever).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for a request: the idle timeout runs.
+    Idle,
+    /// A request is arriving: the request timeout runs from its first byte.
+    Request,
+    /// An answer is going out: the request timeout runs from its first
+    /// byte, until everything written is flushed.
+    Responding,
+}
+
+/// A TCP stream with deadlines. Waiting for a request, it fails with
+/// `TimedOut` after the idle timeout; from the first byte of a request
+/// until its answer starts going out, after the request timeout (so a
+/// client trickling bytes cannot hold a connection for ever); and from the
+/// first byte of an answer until it is all written, after the request
+/// timeout again (so a client reading slowly cannot either, nor keep its
+/// copy of a value alive).
 struct TimedStream {
     inner: TcpStream,
     timer: Pin<Box<Sleep>>,
     idle: Duration,
     request: Duration,
-    in_request: bool,
+    phase: Phase,
     _permit: Option<OwnedSemaphorePermit>,
+    _slot: IpSlot,
 }
 
 impl TimedStream {
@@ -361,26 +579,47 @@ impl TimedStream {
         self.timer.as_mut().poll(cx).is_ready()
     }
 
-    fn timed_out(&self) -> io::Error {
-        let what = if self.in_request { "request" } else { "idle" };
-        io::Error::new(io::ErrorKind::TimedOut, format!("{what} timeout"))
+    /// Past the deadline without polling the timer (for a peer that keeps
+    /// making a little progress, so that no call returns `Pending`).
+    fn past_deadline(&self) -> bool {
+        self.phase != Phase::Idle && Instant::now() >= self.timer.deadline()
     }
 
-    fn wrote(&mut self) {
-        // An answer is going out: the request is over.
-        self.in_request = false;
-        let at = Instant::now() + self.idle;
+    fn timed_out(&self) -> io::Error {
+        let what = match self.phase {
+            Phase::Idle => "idle timeout",
+            Phase::Request => "request timeout",
+            Phase::Responding => "response timeout (the client reads too slowly)",
+        };
+        io::Error::new(io::ErrorKind::TimedOut, what)
+    }
+
+    fn enter(&mut self, phase: Phase) {
+        if self.phase == phase {
+            return;
+        }
+        let at = match phase {
+            Phase::Idle => deadline(self.idle),
+            // Never later than an answer's deadline already running.
+            Phase::Request if self.phase == Phase::Responding => {
+                deadline(self.request).min(self.timer.deadline())
+            }
+            Phase::Request | Phase::Responding => deadline(self.request),
+        };
+        self.phase = phase;
         self.timer.as_mut().reset(at);
     }
 
-    fn after_write<T>(
+    fn after_write(
         &mut self,
         cx: &mut Context<'_>,
-        r: Poll<io::Result<T>>,
-    ) -> Poll<io::Result<T>> {
+        r: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
         match r {
             Poll::Ready(Ok(n)) => {
-                self.wrote();
+                if n > 0 {
+                    self.enter(Phase::Responding);
+                }
                 Poll::Ready(Ok(n))
             }
             Poll::Pending if self.expired(cx) => Poll::Ready(Err(self.timed_out())),
@@ -396,13 +635,14 @@ impl AsyncRead for TimedStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.phase == Phase::Request && this.past_deadline() {
+            return Poll::Ready(Err(this.timed_out()));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before && !this.in_request {
-                    this.in_request = true;
-                    let at = Instant::now() + this.request;
-                    this.timer.as_mut().reset(at);
+                if buf.filled().len() > before {
+                    this.enter(Phase::Request);
                 }
                 Poll::Ready(Ok(()))
             }
@@ -419,6 +659,9 @@ impl AsyncWrite for TimedStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if this.phase == Phase::Responding && this.past_deadline() {
+            return Poll::Ready(Err(this.timed_out()));
+        }
         let r = Pin::new(&mut this.inner).poll_write(cx, buf);
         this.after_write(cx, r)
     }
@@ -429,6 +672,9 @@ impl AsyncWrite for TimedStream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if this.phase == Phase::Responding && this.past_deadline() {
+            return Poll::Ready(Err(this.timed_out()));
+        }
         let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         this.after_write(cx, r)
     }
@@ -440,6 +686,14 @@ impl AsyncWrite for TimedStream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         match Pin::new(&mut this.inner).poll_flush(cx) {
+            // Everything written has gone out (hyper flushes its own
+            // buffer first): the answer is over.
+            Poll::Ready(Ok(())) => {
+                if this.phase == Phase::Responding {
+                    this.enter(Phase::Idle);
+                }
+                Poll::Ready(Ok(()))
+            }
             Poll::Pending if this.expired(cx) => Poll::Ready(Err(this.timed_out())),
             other => other,
         }
@@ -476,6 +730,33 @@ mod tests {
         assert_eq!(k("key=%E2%82%AC").as_deref(), Some("\u{20ac}"));
         assert_eq!(decode("/%6Detadata", false), "/metadata");
         assert_eq!(decode("/a+b", false), "/a+b");
+    }
+
+    #[test]
+    fn log_keys_are_truncated() {
+        assert_eq!(log_key("short"), "short");
+        let long = "\u{e9}".repeat(200);
+        let k = log_key(&long);
+        assert!(k.starts_with(&"\u{e9}".repeat(128)), "{k}");
+        assert!(k.ends_with("... (400 bytes)"), "{k}");
+        assert_eq!(k.chars().filter(|&c| c == '\u{e9}').count(), 128);
+    }
+
+    #[test]
+    fn huge_settings_do_not_panic() {
+        let far = deadline(Duration::MAX);
+        assert!(far > Instant::now() + Duration::from_secs(86_400 * 365));
+        assert_eq!(permits(usize::MAX), Semaphore::MAX_PERMITS);
+        assert_eq!(permits(0), 1);
+    }
+
+    #[test]
+    fn throttle_lets_one_line_through_per_period() {
+        let t = Throttle::new();
+        assert_eq!(t.allow(), Some(0));
+        assert_eq!(t.allow(), None);
+        assert_eq!(t.allow(), None);
+        assert_eq!(t.held_back.load(Ordering::Relaxed), 2);
     }
 
     fn curl_escape(key: &str) -> String {
