@@ -22,7 +22,7 @@
 //! `/metadata` carry `Content-Type: application/json; charset=utf-8`, as
 //! upstream's do. Beyond upstream: `GET /health` answers 200 `OK` (as
 //! upstream's C++ metadata server does), and the caps of [`Config`] answer
-//! 413 (body too large), 414 (key too long), 503 (too many request bodies
+//! 413 (body too large: aiohttp's `text/plain` answer, as upstream), 414 (key too long), 503 (too many request bodies
 //! in flight: retry later) or 507 (store full); connections over the
 //! per-address cap are closed at once, and answers must go out within the
 //! request timeout.
@@ -303,9 +303,10 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
 async fn put(app: &App, key: &str, declared_len: Option<u64>, body: Body) -> Response {
     let max = app.max_body_bytes;
     let too_large = || {
-        let e = format!("request body exceeds the limit of {max} bytes");
+        // aiohttp's answer upstream, word for word.
+        let e = format!("Maximum request body size {max} exceeded.");
         app.refused(key, &e);
-        text(StatusCode::PAYLOAD_TOO_LARGE, e)
+        answer(StatusCode::PAYLOAD_TOO_LARGE, PLAIN_TEXT, e)
     };
     let busy = || {
         let e = format!(
