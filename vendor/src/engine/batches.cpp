@@ -20,6 +20,21 @@
 
 namespace mcrs {
 
+namespace {
+
+// Per-thread scratch of a submit, emptied whenever the submit leaves (its
+// items hold pins on local memory and references to their batch). Up to
+// 16 MiB per vector is kept: a KV pull of a long prompt (100k+ requests)
+// reuses it instead of faulting fresh pages in on every submit, while one
+// huge batch does not tie its memory to the thread for good.
+void release_scratch(std::vector<TransferItem> &v) {
+    constexpr size_t kKeep = (16u << 20) / sizeof(TransferItem);
+    v.clear();
+    if (v.capacity() > kKeep) std::vector<TransferItem>().swap(v);
+}
+
+}  // namespace
+
 uint64_t TransferEngine::allocate_batch(size_t capacity) {
     // Capacity 0 is a valid (empty) batch, as upstream: every submit of
     // one request or more to it is refused with TooManyRequests.
@@ -65,15 +80,9 @@ void TransferEngine::submit(uint64_t batch_id, const Request *reqs, size_t n,
     thread_local std::vector<Target> descs;
     struct Scrub {
         ~Scrub() {
-            items.clear();
-            group.clear();
+            release_scratch(items);
+            release_scratch(group);
             descs.clear();
-            // A huge batch must not pin its scratch to this thread forever,
-            // but a KV pull of a long prompt (100k+ requests) reuses it:
-            // freeing it made every such submit fault its pages in again.
-            constexpr size_t kKeep = (16u << 20) / sizeof(TransferItem);
-            if (items.capacity() > kKeep) std::vector<TransferItem>().swap(items);
-            if (group.capacity() > kKeep) std::vector<TransferItem>().swap(group);
         }
     } scrub;
     items.resize(n);
@@ -124,7 +133,10 @@ void TransferEngine::prepare_item(const Request &r, size_t i, std::vector<Target
         targets.push_back(Target{r.target_id, std::move(d), routes, std::move(rdma_now)});
     }
     // KV blocks come in runs from one registered cache: the previous
-    // request's region usually holds this one too.
+    // request's region usually holds this one too. Sharing skips the
+    // registry, so a request may still pin a region whose unregister has
+    // begun but not returned (it waits for this pin too): the same outcome
+    // as a lookup made just before the unregister.
     RegionPin pin = prev && *prev && range_within(src, r.length, prev->region()->addr, prev->region()->length)
                         ? prev->share()
                         : registry_.pin(src, r.length, /*need_remote=*/false);
@@ -227,6 +239,12 @@ void TransferEngine::dispatch(int32_t target, std::vector<TransferItem> &items, 
         return;
     }
     thread_local std::vector<TransferItem> via_same, via_tcp;
+    struct Scrub {  // also when a transport throws: nothing stays pinned
+        ~Scrub() {
+            release_scratch(via_same);
+            release_scratch(via_tcp);
+        }
+    } scrub;
     std::vector<TransferItem> via_ipc;  // GPU-only path: allocating here is fine
     std::vector<const BufferDesc *> ipc_buffers;
     via_same.clear();
@@ -247,8 +265,6 @@ void TransferEngine::dispatch(int32_t target, std::vector<TransferItem> &items, 
     if (!via_ipc.empty())
         ipc_->submit(desc, via_ipc, ipc_buffers,
                      [this, desc](std::vector<TransferItem> &rerouted) { send_tcp(*desc, rerouted); });
-    via_same.clear();
-    via_tcp.clear();
 }
 
 void TransferEngine::send_tcp(const SegmentDesc &d, std::vector<TransferItem> &items) {
