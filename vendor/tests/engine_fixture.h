@@ -61,6 +61,13 @@ inline uint16_t data_port(transfer_engine_t e) {
     return t;
 }
 
+// The engine's counters (zeroes if the call fails).
+inline mc_engine_counters_t counters(transfer_engine_t e) {
+    mc_engine_counters_t c{};
+    mc_engine_get_counters(e, &c);
+    return c;
+}
+
 // Submits `reqs` as one batch, waits, returns the statuses.
 inline std::vector<int> run_batch(transfer_engine_t e, std::vector<transfer_request> reqs,
                                   int64_t timeout_ms = 20000) {

@@ -49,11 +49,6 @@ inline EngineOptions same_host(bool on = true) {
     return o;
 }
 
-inline mc_engine_counters_t counters(transfer_engine_t e) {
-    mc_engine_counters_t c{};
-    mc_engine_get_counters(e, &c);
-    return c;
-}
 
 inline std::string error_of(transfer_engine_t e, batch_id_t b, size_t task) {
     char why[1024];

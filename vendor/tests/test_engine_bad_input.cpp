@@ -1,5 +1,6 @@
 // Bad input from the caller and from peers: each gets a clear error, and the
 // engine keeps serving other work afterwards.
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -164,6 +165,60 @@ TEST(bad_remote_range_fails_cleanly) {
     std::vector<char> again(s.tmem.size());
     fill_random(again, 99);
     CHECK(std::memcmp(again.data(), s.tmem.data(), again.size()) == 0);
+}
+
+// A rejected request ends its TCP connection, but only it fails: the
+// target served nothing behind it, so those requests go out again on
+// another connection and complete (a batch is not lost to one bad range).
+TEST(bad_remote_range_in_a_pipeline_fails_only_its_request) {
+    Setup s;
+    const size_t kReq = 256, kLen = 2048;  // one lane's run: all pipelined on one connection
+    const size_t bad[] = {5, 100, 101, 200};
+    std::vector<transfer_request> reqs(kReq);
+    std::memset(s.imem.data(), 0, s.imem.size());
+    for (size_t i = 0; i < kReq; ++i) {
+        const bool write = i % 2 == 1;
+        char *local = s.imem.data() + i * kLen;
+        if (write) std::memset(local, static_cast<int>('a' + i % 26), kLen);
+        // WRITEs land in the upper half of the target's buffer.
+        reqs[i] = transfer_request{write ? OPCODE_WRITE : OPCODE_READ, local, s.seg,
+                                   s.taddr((write ? s.tmem.size() / 2 : 0) + i * kLen), kLen};
+    }
+    reqs[5].target_offset = s.taddr(s.tmem.size() - 8);                    // READ crossing the end
+    reqs[100].target_offset = 0x10;                                        // READ of nothing
+    reqs[101].target_offset = reinterpret_cast<uint64_t>(s.imem.data());  // WRITE into local-only memory
+    reqs[200].target_offset = s.taddr(s.tmem.size());                      // READ just past the end
+    batch_id_t b = allocateBatchID(s.init, kReq);
+    REQUIRE_EQ(submitTransfer(s.init, b, reqs.data(), kReq), 0);
+    REQUIRE_EQ(mc_batch_wait(s.init, b, 20000), 0);
+    std::vector<char> pattern(s.tmem.size());
+    fill_random(pattern, 99);
+    size_t failed = 0;
+    for (size_t i = 0; i < kReq; ++i) {
+        transfer_status st{};
+        REQUIRE_EQ(getTransferStatus(s.init, b, i, &st), 0);
+        const bool is_bad = std::find(std::begin(bad), std::end(bad), i) != std::end(bad);
+        if (is_bad) {
+            ++failed;
+            CHECK_EQ(st.status, STATUS_FAILED);
+            char why[512];
+            size_t need = 0;
+            CHECK_EQ(mc_transfer_error(s.init, b, i, why, sizeof why, &need), 0);
+            CHECK(contains(why, "peer rejected it"));
+            continue;
+        }
+        CHECK_EQ(st.status, STATUS_COMPLETED);
+        if (reqs[i].opcode == OPCODE_READ) {
+            CHECK(std::memcmp(s.imem.data() + i * kLen, pattern.data() + i * kLen, kLen) == 0);
+        } else {
+            std::vector<char> want(kLen, static_cast<char>('a' + i % 26));
+            CHECK(std::memcmp(s.tmem.data() + s.tmem.size() / 2 + i * kLen, want.data(), kLen) == 0);
+        }
+    }
+    CHECK_EQ(failed, 4u);
+    CHECK_EQ(counters(s.target).tcp_requests_rejected, 4u);
+    CHECK_EQ(freeBatchID(s.init, b), 0);
+    CHECK(s.still_serving());
 }
 
 TEST(bad_unknown_and_unreachable_segments) {

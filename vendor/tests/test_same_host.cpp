@@ -2,7 +2,8 @@
 // processes move bytes by cross-memory attach with no TCP payload; the
 // kernel-attested accept refuses this process itself and other uids; target
 // ranges outside remote-accessible host buffers are rejected with canaries
-// intact; a bad initiator address fails only its task (alone or inside a
+// intact, and a rejected range fails only its request (the rest of its run
+// is sent again); a bad initiator address fails only its task (alone or inside a
 // vectored batch). The second process is this binary re-executed
 // (--same-host-peer); protocol and decoder tests are in
 // test_same_host_wire.cpp, shared helpers in same_host_fixture.h.
@@ -12,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
@@ -43,6 +45,12 @@ int same_host_peer_main(int argc, char **argv) {
         unsigned long long off = 0, len = 0;
         if (std::sscanf(line, "hash %llu %llu", &off, &len) == 2 && off + len <= size) {
             std::printf("%llu\n", static_cast<unsigned long long>(fnv(mem.data() + off, len)));
+        } else if (std::sscanf(line, "shrink %llu", &len) == 1 && len > 0 && len <= size) {
+            // Publishes only the first `len` bytes from now on; peers that
+            // cached the descriptor still think the whole buffer is there.
+            bool ok = unregisterLocalMemory(e, mem.data()) == 0 &&
+                      registerLocalMemory(e, mem.data(), len, "cpu:0", 1) == 0;
+            std::printf(ok ? "OK\n" : "BAD\n");
         } else if (std::strncmp(line, "reset", 5) == 0) {
             std::memcpy(mem.data(), pattern.data(), size);
             std::printf("OK\n");
@@ -345,4 +353,54 @@ TEST(same_host_vectored_batch_fails_only_the_bad_request) {
     REQUIRE_EQ(unregisterLocalMemory(e, bad), 0);
     destroyTransferEngine(e);
     munmap(bad, page);
+}
+
+// A REJECTED ends the same-host connection, and the target copies nothing
+// after it: only the rejected requests fail, the rest of their run goes out
+// again on a new connection. (The ranges are rejected because the target
+// shrank its buffer after this engine cached its descriptor.)
+TEST(same_host_rejected_range_fails_only_its_request) {
+    const size_t kReq = 200, kLen = 512;
+    Child child(1 << 20, 23);
+    transfer_engine_t e = make_engine(same_host());
+    REQUIRE(e);
+    std::vector<char> local(kReq * kLen, 'x');
+    REQUIRE_EQ(registerLocalMemory(e, local.data(), local.size(), "cpu:0", 0), 0);
+    segment_id_t seg = openSegment(e, child.seg_name.c_str());
+    REQUIRE(seg > 0);
+    REQUIRE_EQ(child.ask("shrink " + std::to_string(512 << 10)), std::string("OK"));
+    const size_t bad[] = {37, 38, 151};
+    std::vector<transfer_request> reqs(kReq);
+    for (size_t i = 0; i < kReq; ++i) {
+        uint64_t off = i * kLen;
+        if (std::find(std::begin(bad), std::end(bad), i) != std::end(bad)) off = (768 << 10) + i * kLen;
+        reqs[i] = transfer_request{OPCODE_READ, local.data() + i * kLen, seg, child.buf + off, kLen};
+    }
+    batch_id_t b = allocateBatchID(e, kReq);
+    REQUIRE_EQ(submitTransfer(e, b, reqs.data(), kReq), 0);
+    REQUIRE_EQ(mc_batch_wait(e, b, 20000), 0);
+    std::vector<char> pattern(child.size);
+    fill_random(pattern, 23);
+    size_t failed = 0;
+    for (size_t i = 0; i < kReq; ++i) {
+        transfer_status st{};
+        REQUIRE_EQ(getTransferStatus(e, b, i, &st), 0);
+        if (std::find(std::begin(bad), std::end(bad), i) != std::end(bad)) {
+            CHECK_EQ(st.status, STATUS_FAILED);
+            CHECK(contains(error_of(e, b, i), "rejected it"));
+            CHECK(local[i * kLen] == 'x');
+            ++failed;
+            continue;
+        }
+        CHECK_EQ(st.status, STATUS_COMPLETED);
+        CHECK(std::memcmp(local.data() + i * kLen, pattern.data() + i * kLen, kLen) == 0);
+    }
+    CHECK_EQ(failed, 3u);
+    auto ci = counters(e);
+    CHECK_EQ(ci.tcp_requests_sent, 0u);  // every request, the resent ones too, took the same-host path
+    auto ct = child.counters();
+    CHECK_EQ(ct[0], kReq - 3);
+    CHECK_EQ(child.ask("canary"), std::string("OK"));
+    CHECK_EQ(freeBatchID(e, b), 0);
+    destroyTransferEngine(e);
 }

@@ -217,17 +217,34 @@ private:
             IoResult io = send_requests(fd, run, req);
             std::string why;
             size_t next = 0;  // first item without its status
+            bool rejected = false;
             if (!io.ok()) why = "sending failed: " + io.describe();
             else sent_.fetch_add(run.size(), std::memory_order_relaxed);
-            read_statuses(fd, run, st, next, why);
+            read_statuses(fd, run, st, next, why, rejected);
             l.last_use = Clock::now();
             if (!why.empty()) {
+                drop(l);
+                // After a REJECTED the target copied nothing more: the rest
+                // of the run goes out again rather than failing for its
+                // neighbour's bad range.
+                if (rejected) resend(run, next);
                 for (size_t i = next; i < run.size(); ++i)
                     if (run[i].pending()) run[i].fail(describe(run[i]) + " failed: " + why);
-                drop(l);
             }
         }
         drop(l);
+    }
+
+    // Puts run[from..] back at the head of the queue, in order (unless the
+    // engine is stopping: then they stay in `run` and fail there).
+    void resend(std::vector<TransferItem> &run, size_t from) {
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            if (stopping_) return;
+            for (size_t i = run.size(); i-- > from;) queue_.push_front(std::move(run[i]));
+        }
+        run.erase(run.begin() + static_cast<std::ptrdiff_t>(from), run.end());
+        cv_.notify_all();
     }
 
     // Reconnects a stale lane, connects one without a connection; false
@@ -268,7 +285,7 @@ private:
     // in. Stops at the first failure, with `why` (items before `next` have
     // their outcome).
     static void read_statuses(int fd, std::vector<TransferItem> &run, std::vector<unsigned char> &st, size_t &next,
-                              std::string &why) {
+                              std::string &why, bool &rejected) {
         size_t got = 0;
         const size_t want = run.size() * kSameHostStatusLen;
         while (why.empty() && got < want) {
@@ -286,7 +303,10 @@ private:
             for (; next < got / kSameHostStatusLen; ++next) {
                 Settled s = settle(run[next], &st[next * kSameHostStatusLen], why);
                 if (s == Settled::Next) continue;
-                if (s == Settled::Last) ++next;
+                if (s == Settled::Last) {
+                    ++next;
+                    rejected = true;
+                }
                 break;
             }
         }

@@ -39,6 +39,21 @@ void TcpClient::Peer::enqueue(std::vector<TransferItem> &items, int version) {
     cv_.notify_all();
 }
 
+void TcpClient::Peer::requeue_front(std::vector<Queued> &items) {
+    bool stopping;
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        stopping = stopping_;
+        if (!stopping)
+            for (size_t i = items.size(); i-- > 0;) queue_.push_front(std::move(items[i]));
+    }
+    if (stopping) {
+        for (auto &q : items) q.item.fail("the engine is shutting down");
+        return;
+    }
+    cv_.notify_all();
+}
+
 bool TcpClient::Peer::pop_many(std::vector<Queued> &out, size_t max_items) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [this] { return stopping_ || !queue_.empty(); });

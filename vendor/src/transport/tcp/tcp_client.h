@@ -54,6 +54,13 @@ public:
         buf_[(head_ + size_) & (buf_.size() - 1)] = std::move(v);
         ++size_;
     }
+    // Puts `v` ahead of every queued element (a request sent again).
+    void push_front(T &&v) {
+        if (size_ == buf_.size()) grow();
+        head_ = (head_ + buf_.size() - 1) & (buf_.size() - 1);
+        buf_[head_] = std::move(v);
+        ++size_;
+    }
     T pop_front() {
         T v = std::move(buf_[head_]);
         buf_[head_] = T();

@@ -38,8 +38,9 @@ inline void advance_iov(struct iovec *&iov, int &cnt, size_t m) {
     }
 }
 
-// Checks an 8-byte v2 status frame; false with `why` unless it says OK.
-inline bool status_ok(const unsigned char *st, std::string &why) {
+// Checks an 8-byte v2 status frame; false with `why` unless it says OK
+// (`rejected` tells a REJECTED from a broken frame).
+inline bool status_ok(const unsigned char *st, std::string &why, bool &rejected) {
     TcpStatus status = decode_tcp_status(st);
     uint32_t code = status.code;
     if (!status.valid) {
@@ -47,6 +48,7 @@ inline bool status_ok(const unsigned char *st, std::string &why) {
         return false;
     }
     if (code == kTcpStatusRejected) {
+        rejected = true;
         why = "the peer rejected it: the range is not inside one registered, "
               "remote-accessible buffer of the target segment";
         return false;
@@ -335,7 +337,7 @@ bool Lane::read_one(int sock, Inflight &e, std::string &why) {
         why = io.describe();
         return false;
     }
-    if (!status_ok(st, why)) return false;
+    if (!status_ok(st, why, head_rejected_)) return false;
     return write || read_payload();
 }
 
@@ -376,6 +378,7 @@ bool Lane::read_batch(std::unique_lock<std::mutex> &lk, size_t n, std::string &w
         // Only what arrived in full goes to the device (the batch's prefix).
         if (!unstage(popped, next, why)) {
             ok = false;
+            head_rejected_ = false;  // the head is now a request whose copy failed
             next = popped;
         }
     }
@@ -418,7 +421,7 @@ bool Lane::account_answers(size_t left, size_t n, size_t &next, uint64_t &have, 
         have += take;
         left -= static_cast<size_t>(take);
         if (status_was_partial && have >= 8 &&
-            !status_ok(reinterpret_cast<const unsigned char *>(&st_[next]), why))
+            !status_ok(reinterpret_cast<const unsigned char *>(&st_[next]), why, head_rejected_))
             return false;
         if (have == need_[next]) {
             ++next;
@@ -466,11 +469,36 @@ void Lane::hand_back(std::unique_lock<std::mutex> &lk, size_t &popped, size_t ne
 }
 
 void Lane::fail_all_locked(std::unique_lock<std::mutex> &lk, std::string why) {
+    // A REJECTED head ends the connection, and the target serves nothing
+    // after it: the requests behind it go out again on another connection
+    // instead of failing for a neighbour's bad range.
+    const bool resend_rest = head_rejected_ && !stop_;
+    head_rejected_ = false;
     if (stop_) why = "the engine is shutting down";
     if (why.empty() && !send_error_.empty()) why = "sending failed: " + send_error_;
     if (why.empty()) why = "the connection broke";
     mark_broken_locked();
     cv_.wait(lk, [this] { return !sending_; });
+    if (resend_rest && !inflight_.empty()) {
+        TransferItem head = inflight_.pop_front().item;
+        resend_.clear();
+        while (!inflight_.empty()) {
+            Inflight e = inflight_.pop_front();
+            resend_.push_back(tcp::Queued{std::move(e.item), e.version});
+        }
+        receiver_busy_ = false;
+        cv_.notify_all();
+        lk.unlock();
+        MC_LOG(Info, "TCP lane " << index_ << ": " << describe(head, peer_.label) << " failed: " << why
+                                 << (resend_.empty() ? std::string()
+                                                     : "; sending the " + std::to_string(resend_.size()) +
+                                                           " request(s) behind it again"));
+        head.fail(describe(head, peer_.label) + " failed: " + why);
+        if (!resend_.empty()) peer_.requeue_front(resend_);
+        resend_.clear();
+        lk.lock();
+        return;
+    }
     if (!inflight_.empty()) {
         const std::string first = describe(inflight_.front().item, peer_.label) + " failed: " + why;
         MC_LOG(Info, "TCP lane " << index_ << ": " << first);

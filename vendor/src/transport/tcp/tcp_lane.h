@@ -126,7 +126,8 @@ private:
     bool stage_ready(int device);
     bool unstage(size_t from, size_t to, std::string &why);
     // Drops the connection and fails everything in flight (the first entry
-    // with `why`).
+    // with `why`); after a REJECTED head, fails only that one and queues
+    // the rest again.
     void fail_all_locked(std::unique_lock<std::mutex> &lk, std::string why);
 
     TcpClient::Peer &peer_;
@@ -138,6 +139,8 @@ private:
     bool stop_ = false;
     bool sending_ = false;
     bool receiver_busy_ = false;
+    bool head_rejected_ = false;          // the receiver saw REJECTED for the head
+    std::vector<tcp::Queued> resend_;     // receiver's scratch for fail_all_locked
     std::string send_error_;  // why the last send failed, for the receiver's report
     Ring<Inflight> inflight_;  // capacity pipeline_depth: never reallocates
     // Receiver scratch (receiver thread only).

@@ -47,6 +47,10 @@ public:
     // (at least one; at most kCoalesceBytes of requests unless the first
     // alone is bigger) into `out`. False once the peer is stopping.
     bool pop_many(std::vector<tcp::Queued> &out, size_t max_items);
+    // Puts requests the target never served back at the head of the queue,
+    // in their order, for whichever lane is free (they fail at once when
+    // the peer is stopping).
+    void requeue_front(std::vector<tcp::Queued> &items);
     void stop();
 
     const std::string host;
