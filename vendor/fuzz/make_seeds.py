@@ -141,6 +141,33 @@ seeds["tcp_server_stream"] = [
     hdr(16, REMOTE, 0x80)[:10],                               # truncated header
 ]
 
+# Metadata-store answers (metadata/http_client.cpp, redis_store.cpp).
+seeds["http_response"] = [
+    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+    "HTTP/1.1 404 Not Found\r\nContent-Length: 18\r\n\r\nmetadata not found",
+    "HTTP/1.1 400 Bad Request\r\nContent-Length: 34\r\n\r\nDuplicate rpc_meta key not allowed",
+    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\nX-T: 1\r\n\r\n",
+    "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+    "HTTP/1.0 200 OK\r\n\r\nbody to EOF",
+    "HTTP/1.1 200 OK\r\nGrpc-Metadata-Content-Type: application/grpc\r\nContent-Length: 80\r\n\r\n"
+    '{"header":{"revision":"5"},"kvs":[{"key":"bW9vbmNha2U=","value":"e30K"}],"count":"1"}'[:80],
+    "HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n",
+    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffff\r\n",
+    "garbage\r\n\r\n",
+]
+seeds["resp_reply"] = [
+    "+OK\r\n",
+    "-WRONGPASS invalid username-password pair\r\n",
+    ":1\r\n",
+    "$2\r\n{}\r\n",
+    "$-1\r\n",
+    "*2\r\n$3\r\nfoo\r\n:7\r\n",
+    "*1\r\n*1\r\n*1\r\n+deep\r\n",
+    "$99999999999\r\n",
+    "*-1\r\n",
+    "?what\r\n",
+]
+
 for target, items in seeds.items():
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
