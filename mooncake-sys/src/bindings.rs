@@ -116,6 +116,13 @@ pub struct mc_engine_config {
     pub notify_max_message_bytes: u32,
     pub notify_max_bytes: u64,
     pub allowed_peer_networks: *const ::core::ffi::c_char,
+    pub advertise_host: *const ::core::ffi::c_char,
+    pub metadata_cluster_id: *const ::core::ffi::c_char,
+    pub metadata_timeout_ms: u32,
+    pub metadata_lease_ttl_s: u32,
+    pub redis_username: *const ::core::ffi::c_char,
+    pub redis_password: *const ::core::ffi::c_char,
+    pub redis_db: i32,
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -337,7 +344,7 @@ const _: () = {
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of mc_engine_config"][::core::mem::size_of::<mc_engine_config>() - 160usize];
+    ["Size of mc_engine_config"][::core::mem::size_of::<mc_engine_config>() - 208usize];
     ["Alignment of mc_engine_config"][::core::mem::align_of::<mc_engine_config>() - 8usize];
     ["Offset of field: mc_engine_config::struct_size"]
         [::core::mem::offset_of!(mc_engine_config, struct_size) - 0usize];
@@ -407,6 +414,20 @@ const _: () = {
         [::core::mem::offset_of!(mc_engine_config, notify_max_bytes) - 144usize];
     ["Offset of field: mc_engine_config::allowed_peer_networks"]
         [::core::mem::offset_of!(mc_engine_config, allowed_peer_networks) - 152usize];
+    ["Offset of field: mc_engine_config::advertise_host"]
+        [::core::mem::offset_of!(mc_engine_config, advertise_host) - 160usize];
+    ["Offset of field: mc_engine_config::metadata_cluster_id"]
+        [::core::mem::offset_of!(mc_engine_config, metadata_cluster_id) - 168usize];
+    ["Offset of field: mc_engine_config::metadata_timeout_ms"]
+        [::core::mem::offset_of!(mc_engine_config, metadata_timeout_ms) - 176usize];
+    ["Offset of field: mc_engine_config::metadata_lease_ttl_s"]
+        [::core::mem::offset_of!(mc_engine_config, metadata_lease_ttl_s) - 180usize];
+    ["Offset of field: mc_engine_config::redis_username"]
+        [::core::mem::offset_of!(mc_engine_config, redis_username) - 184usize];
+    ["Offset of field: mc_engine_config::redis_password"]
+        [::core::mem::offset_of!(mc_engine_config, redis_password) - 192usize];
+    ["Offset of field: mc_engine_config::redis_db"]
+        [::core::mem::offset_of!(mc_engine_config, redis_db) - 200usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {

@@ -74,6 +74,20 @@ pub struct EngineBuilder {
     device_deny_list: Option<String>,
     gpu_registration: GpuRegistration,
     limits: Limits,
+    store: StoreOptions,
+}
+
+/// Centralised-metadata settings; `None` keeps the engine's default (or
+/// `MC_*` variable).
+#[derive(Debug, Clone, Default)]
+struct StoreOptions {
+    segment_name: Option<String>,
+    cluster_id: Option<String>,
+    timeout: Option<Duration>,
+    lease_ttl: Option<Duration>,
+    redis_username: Option<String>,
+    redis_password: Option<String>,
+    redis_db: Option<u8>,
 }
 
 /// Listener limits; `None` keeps the engine's default (or `MC_*` variable).
@@ -126,6 +140,75 @@ impl Limits {
     }
 }
 
+/// The C strings of [`StoreOptions`], alive until the engine is created.
+struct StoreStrings {
+    segment_name: Option<OwnedCString>,
+    _others: Vec<OwnedCString>,
+}
+
+impl StoreOptions {
+    /// Checks the settings against the metadata mode and sets them in
+    /// `cfg`; the returned strings must outlive the engine's creation.
+    fn apply(
+        &self,
+        metadata: &Metadata,
+        cfg: &mut sys::mc_engine_config_t,
+    ) -> Result<StoreStrings> {
+        let mut others = Vec::new();
+        let segment_name = match (&self.segment_name, metadata.is_centralised()) {
+            (Some(_), false) => return Err(Error::InvalidArgument(
+                "segment_name needs a metadata store: in P2PHANDSHAKE mode the segment name is \
+                     always \"<local host>:<handshake port>\""
+                    .into(),
+            )),
+            (None, true) => {
+                return Err(Error::InvalidArgument(format!(
+                    "a metadata store ({}) needs a segment name: EngineBuilder::segment_name",
+                    metadata.conn_string()
+                )))
+            }
+            (Some(n), true) if n.trim().is_empty() => {
+                return Err(Error::InvalidArgument("segment_name is empty".into()))
+            }
+            (Some(n), true) => Some(OwnedCString::new("segment_name", n)?),
+            (None, false) => None,
+        };
+        if let Some(id) = &self.cluster_id {
+            let c = OwnedCString::new("metadata_cluster_id", id)?;
+            cfg.metadata_cluster_id = c.as_ptr();
+            others.push(c);
+        }
+        if let Some(d) = self.timeout {
+            cfg.metadata_timeout_ms = millis("metadata_timeout", d)?;
+        }
+        if let Some(ttl) = self.lease_ttl {
+            if ttl.subsec_nanos() != 0 || ttl.as_secs() > 86_400 {
+                return Err(Error::InvalidArgument(format!(
+                    "metadata_lease_ttl of {ttl:?} is not a whole number of seconds in 0..=86400"
+                )));
+            }
+            cfg.metadata_lease_ttl_s = ttl.as_secs() as u32;
+        }
+        if let Some(u) = &self.redis_username {
+            let c = OwnedCString::new("redis username", u)?;
+            cfg.redis_username = c.as_ptr();
+            others.push(c);
+        }
+        if let Some(p) = &self.redis_password {
+            let c = OwnedCString::new("redis password", p)?;
+            cfg.redis_password = c.as_ptr();
+            others.push(c);
+        }
+        if let Some(db) = self.redis_db {
+            cfg.redis_db = i32::from(db);
+        }
+        Ok(StoreStrings {
+            segment_name,
+            _others: others,
+        })
+    }
+}
+
 impl Default for EngineBuilder {
     fn default() -> Self {
         Self {
@@ -150,6 +233,7 @@ impl Default for EngineBuilder {
             device_deny_list: None,
             gpu_registration: GpuRegistration::FromEnv,
             limits: Limits::default(),
+            store: StoreOptions::default(),
         }
     }
 }
@@ -172,10 +256,61 @@ impl EngineBuilder {
         self
     }
 
-    /// The host (IP or name) peers use to reach this engine; it becomes the
-    /// host part of the segment name (default `127.0.0.1`).
+    /// The host (IP or name) peers use to reach this engine (default
+    /// `127.0.0.1`). In P2PHANDSHAKE mode it becomes the host part of the
+    /// segment name; with a metadata store it is the address published in
+    /// `rpc_meta` and as the TCP data host.
     pub fn local_host(mut self, host: impl Into<String>) -> Self {
         self.local_host = host.into();
+        self
+    }
+
+    /// The segment name under which this engine publishes itself in a
+    /// metadata store, and by which peers open it. Required with a store;
+    /// refused in P2PHANDSHAKE mode, where the name is always
+    /// `"<local host>:<handshake port>"`.
+    pub fn segment_name(mut self, name: impl Into<String>) -> Self {
+        self.store.segment_name = Some(name.into());
+        self
+    }
+
+    /// Keys live under `mooncake/<id>/` instead of `mooncake/` (default:
+    /// env `MC_METADATA_CLUSTER_ID`), so several clusters share one store.
+    pub fn metadata_cluster_id(mut self, id: impl Into<String>) -> Self {
+        self.store.cluster_id = Some(id.into());
+        self
+    }
+
+    /// The longest one metadata-store call may take, connects and every
+    /// etcd endpoint included (default 5 s, or env `MC_METADATA_TIMEOUT_MS`).
+    /// A store that is down or slow fails the call with
+    /// [`ErrorCode::Metadata`](crate::ErrorCode::Metadata) within it.
+    pub fn metadata_timeout(mut self, d: Duration) -> Self {
+        self.store.timeout = Some(d);
+        self
+    }
+
+    /// Keeps this engine's keys on an etcd lease (Redis: an expiry) of this
+    /// length, renewed while the engine lives, so the keys of an engine that
+    /// crashed vanish after it. Whole seconds, at most a day; zero (the
+    /// default, or env `MC_METADATA_LEASE_TTL_SEC`) keeps upstream's
+    /// behaviour: keys live until the engine deletes them. Readers,
+    /// upstream's included, see the same values either way.
+    pub fn metadata_lease_ttl(mut self, ttl: Duration) -> Self {
+        self.store.lease_ttl = Some(ttl);
+        self
+    }
+
+    /// Redis `AUTH` (default: env `MC_REDIS_USERNAME`, `MC_REDIS_PASSWORD`).
+    pub fn redis_auth(mut self, username: Option<&str>, password: &str) -> Self {
+        self.store.redis_username = username.map(String::from);
+        self.store.redis_password = Some(password.into());
+        self
+    }
+
+    /// Redis `SELECT` index (default: env `MC_REDIS_DB_INDEX`, else 0).
+    pub fn redis_db(mut self, db: u8) -> Self {
+        self.store.redis_db = Some(db);
         self
     }
 
@@ -403,17 +538,23 @@ impl EngineBuilder {
     pub(crate) fn start(self) -> Result<Arc<EngineShared>> {
         ffi::install_log_sink();
         let mut cfg = RawEngine::default_config()?;
-        let conn = match self.metadata {
-            Metadata::P2pHandshake => OwnedCString::new("metadata", "P2PHANDSHAKE")?,
-        };
+        let conn = OwnedCString::new("metadata", &self.metadata.conn_string())?;
         if self.local_host.is_empty() {
             return Err(Error::InvalidArgument("local_host is empty".into()));
         }
         let host = OwnedCString::new("local_host", &self.local_host)?;
         let bind = OwnedCString::new("bind_address", &self.effective_bind_address()?)?;
         cfg.metadata_conn_string = conn.as_ptr();
-        cfg.local_server_name = host.as_ptr();
         cfg.bind_address = bind.as_ptr();
+        // Kept alive until the engine is created (it copies them).
+        let store_strings = self.store.apply(&self.metadata, &mut cfg)?;
+        cfg.local_server_name = match &store_strings.segment_name {
+            Some(name) => {
+                cfg.advertise_host = host.as_ptr();
+                name.as_ptr()
+            }
+            None => host.as_ptr(),
+        };
         self.apply_transport_options(&mut cfg)?;
         let allow = optional_cstring("device_allow_list", self.device_allow_list.as_deref())?;
         let deny = optional_cstring("device_deny_list", self.device_deny_list.as_deref())?;
@@ -433,6 +574,7 @@ impl EngineBuilder {
             cfg.allowed_peer_networks = n.as_ptr();
         }
         let raw = RawEngine::create(&cfg)?;
+        drop(store_strings);
         // The CStrings above outlive the call; the engine copied them.
         let rdma_unavailable = self.install_auto_transport(&raw)?;
         EngineShared::new(raw, rdma_unavailable)

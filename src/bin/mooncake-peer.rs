@@ -6,7 +6,11 @@
 //! ```text
 //! mooncake-peer [--size BYTES] [--seed N] [--local-host HOST]
 //!               [--progress-timeout-ms MS] [--same-host on|off]
+//!               [--metadata CONN --name SEGMENT]
 //! ```
+//!
+//! With `--metadata` (a connection string: `etcd://...`, `redis://...`,
+//! `http://...`) the engine publishes itself as `SEGMENT` in that store.
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::time::Duration;
@@ -21,6 +25,8 @@ struct Args {
     local_host: String,
     progress_timeout_ms: u64,
     same_host: bool,
+    metadata: Option<String>,
+    name: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -30,6 +36,8 @@ fn parse_args() -> Result<Args, String> {
         local_host: "127.0.0.1".into(),
         progress_timeout_ms: 5000,
         same_host: true,
+        metadata: None,
+        name: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -38,6 +46,8 @@ fn parse_args() -> Result<Args, String> {
             "--size" => a.size = val()?.parse().map_err(|_| "bad --size")?,
             "--seed" => a.seed = val()?.parse().map_err(|_| "bad --seed")?,
             "--local-host" => a.local_host = val()?,
+            "--metadata" => a.metadata = Some(val()?),
+            "--name" => a.name = Some(val()?),
             "--progress-timeout-ms" => {
                 a.progress_timeout_ms = val()?.parse().map_err(|_| "bad --progress-timeout-ms")?
             }
@@ -51,7 +61,8 @@ fn parse_args() -> Result<Args, String> {
             "-h" | "--help" => {
                 return Err(
                     "usage: mooncake-peer [--size BYTES] [--seed N] [--local-host HOST] \
-                            [--progress-timeout-ms MS] [--same-host on|off]"
+                            [--progress-timeout-ms MS] [--same-host on|off] \
+                            [--metadata CONN --name SEGMENT]"
                         .into(),
                 )
             }
@@ -157,15 +168,23 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let engine = Engine::builder()
+    let mut builder = Engine::builder()
         .local_host(args.local_host.clone())
         .tcp_progress_timeout(Duration::from_millis(args.progress_timeout_ms))
-        .same_host_path(args.same_host)
-        .build()
-        .unwrap_or_else(|e| {
-            eprintln!("mooncake-peer: cannot start the engine: {e}");
-            std::process::exit(1);
+        .same_host_path(args.same_host);
+    if let Some(conn) = &args.metadata {
+        let metadata = conn.parse::<mooncake::Metadata>().unwrap_or_else(|e| {
+            eprintln!("mooncake-peer: --metadata: {e}");
+            std::process::exit(2);
         });
+        builder = builder
+            .metadata(metadata)
+            .segment_name(args.name.clone().unwrap_or_default());
+    }
+    let engine = builder.build().unwrap_or_else(|e| {
+        eprintln!("mooncake-peer: cannot start the engine: {e}");
+        std::process::exit(1);
+    });
     let mut mem = HostBuffer::new(args.size).unwrap_or_else(|e| {
         eprintln!("mooncake-peer: {e}");
         std::process::exit(1);

@@ -5,7 +5,7 @@ mooncake-transfer-engine-non-cuda 0.3.13.post1, TCP over P2PHANDSHAKE on
 in src/peer_protocol.rs. Tests run it next to our engine to check
 interoperability in both directions.
 
-Usage: upstream_peer.py [--size BYTES] [--seed N]
+Usage: upstream_peer.py [--size BYTES] [--seed N] [--metadata CONN --name SEGMENT]
 """
 import argparse
 import ctypes
@@ -37,11 +37,11 @@ def pattern(seed, start, length):
 
 
 class Peer:
-    def __init__(self, size, seed):
+    def __init__(self, size, seed, metadata="P2PHANDSHAKE", name=None):
         from mooncake.engine import TransferEngine  # imported late: errors go to stdout
 
         self.te = TransferEngine()
-        rc = self.te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+        rc = self.te.initialize(name or "127.0.0.1", metadata, "tcp", "")
         if rc != 0:
             raise RuntimeError("initialize failed: %d" % rc)
         self.size = size
@@ -51,7 +51,7 @@ class Peer:
         rc = self.te.register_memory(self.addr, size)
         if rc != 0:
             raise RuntimeError("register_memory failed: %d" % rc)
-        self.segment = "127.0.0.1:%d" % self.te.get_rpc_port()
+        self.segment = name if metadata != "P2PHANDSHAKE" else "127.0.0.1:%d" % self.te.get_rpc_port()
 
     def transfer(self, write, seg, raddr, loff, block, count, notify=None):
         from mooncake.engine import TransferNotify, TransferOpcode
@@ -108,9 +108,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=1 << 20)
     ap.add_argument("--seed", type=int, default=1)
+    # A metadata store (etcd://..., http://...) and the name to publish:
+    # upstream advertises MC_TCP_BIND_ADDRESS, which the test sets to
+    # 127.0.0.1.
+    ap.add_argument("--metadata", default="P2PHANDSHAKE")
+    ap.add_argument("--name", default=None)
     a = ap.parse_args()
     try:
-        peer = Peer(a.size, a.seed)
+        peer = Peer(a.size, a.seed, a.metadata, a.name)
     except Exception as e:  # reported on stdout so the test shows the cause
         print("FAILED %s: %s" % (type(e).__name__, e), flush=True)
         return 1

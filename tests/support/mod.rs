@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use libtest_mimic::Trial;
 
+pub mod stores;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// Our engine (`mooncake-peer`).
@@ -88,6 +90,9 @@ impl PeerProc {
                 );
                 // Upstream's glog chatter is noise in test output.
                 c.env("GLOG_minloglevel", "2");
+                // With a metadata store upstream publishes this address
+                // (else its first non-loopback one): nothing leaves the host.
+                c.env("MC_TCP_BIND_ADDRESS", "127.0.0.1");
                 c
             }
         };

@@ -133,6 +133,26 @@ typedef struct mc_engine_config {
      * handshake and data ports; NULL = MC_ALLOWED_PEER_NETWORKS or any,
      * "" = any. */
     const char *allowed_peer_networks;
+    /* Appended: centralised metadata (metadata_conn_string "etcd://...",
+     * "redis://..." or "http://..."; see README, Metadata stores). */
+    /* Host published in rpc_meta and as the TCP data host; NULL/"" = env
+     * MC_TCP_BIND_ADDRESS, else the first non-loopback IPv4 address of an
+     * interface that is up (upstream's rule). Not used in P2PHANDSHAKE. */
+    const char *advertise_host;
+    /* Key prefix "mooncake/<id>/"; NULL = env MC_METADATA_CLUSTER_ID. */
+    const char *metadata_cluster_id;
+    /* One store call (every etcd endpoint tried), 1..600000 ms; default
+     * 5000 (env MC_METADATA_TIMEOUT_MS). */
+    uint32_t metadata_timeout_ms;
+    /* 0 (upstream) = keys live until the engine deletes them; N = etcd
+     * lease / Redis expiry of N s kept alive by the engine, so a crashed
+     * engine's keys vanish (env MC_METADATA_LEASE_TTL_SEC; 0..86400). */
+    uint32_t metadata_lease_ttl_s;
+    /* Redis AUTH and SELECT; NULL = env MC_REDIS_USERNAME /
+     * MC_REDIS_PASSWORD; redis_db -1 = env MC_REDIS_DB_INDEX (else 0). */
+    const char *redis_username;
+    const char *redis_password;
+    int32_t redis_db;
 } mc_engine_config_t;
 
 int mc_engine_config_default(mc_engine_config_t *cfg);

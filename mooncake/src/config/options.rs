@@ -2,6 +2,25 @@
 use mooncake_sys as sys;
 
 /// Where peers find segment descriptors.
+///
+/// With a store (etcd, Redis, HTTP) an engine is named by
+/// [`EngineBuilder::segment_name`](super::EngineBuilder::segment_name) and
+/// publishes its handshake address and descriptor under upstream's keys
+/// (`mooncake/rpc_meta/<name>`, `mooncake/ram/<name>`), so upstream engines
+/// using the same store open it by name, and it opens theirs.
+///
+/// ```
+/// use mooncake::Metadata;
+///
+/// # fn main() -> mooncake::Result<()> {
+/// let m: Metadata = "etcd://10.0.0.1:2379,10.0.0.2:2379".parse()?;
+/// assert_eq!(m, Metadata::Etcd(vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()]));
+/// assert_eq!(m.conn_string(), "etcd://10.0.0.1:2379,10.0.0.2:2379");
+/// assert_eq!("P2PHANDSHAKE".parse::<Metadata>()?, Metadata::P2pHandshake);
+/// assert!("ftp://x".parse::<Metadata>().is_err());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Metadata {
@@ -9,6 +28,78 @@ pub enum Metadata {
     /// handshake port (upstream's `P2PHANDSHAKE`). Segment names are
     /// `"<host>:<handshake port>"`.
     P2pHandshake,
+    /// An etcd cluster, through its v3 JSON gateway: endpoints
+    /// `"host:port"` (or `"http://host:port"`). A member that is down is
+    /// skipped; each call is bounded by
+    /// [`metadata_timeout`](super::EngineBuilder::metadata_timeout).
+    Etcd(Vec<String>),
+    /// A Redis server, `"redis://host:port"` (port 12001 when missing, as
+    /// upstream). AUTH and SELECT from
+    /// [`redis_auth`](super::EngineBuilder::redis_auth) and
+    /// [`redis_db`](super::EngineBuilder::redis_db), else `MC_REDIS_USERNAME`,
+    /// `MC_REDIS_PASSWORD` and `MC_REDIS_DB_INDEX`.
+    Redis(String),
+    /// An HTTP metadata server speaking upstream's protocol (upstream's
+    /// Python server, or this project's `mooncake-metadata-server`):
+    /// `"http://host:port/metadata"`. `https` is refused: the engine has no
+    /// TLS.
+    Http(String),
+}
+
+impl Metadata {
+    /// The connection string the engine is given (upstream's
+    /// `metadata_conn_string`).
+    pub fn conn_string(&self) -> String {
+        match self {
+            Metadata::P2pHandshake => "P2PHANDSHAKE".into(),
+            Metadata::Etcd(endpoints) => format!("etcd://{}", endpoints.join(",")),
+            Metadata::Redis(url) | Metadata::Http(url) => url.clone(),
+        }
+    }
+
+    /// Whether segment names are the engines' own choice, published in a
+    /// store (everything but [`P2pHandshake`](Self::P2pHandshake)).
+    pub fn is_centralised(&self) -> bool {
+        !matches!(self, Metadata::P2pHandshake)
+    }
+}
+
+impl std::str::FromStr for Metadata {
+    type Err = crate::Error;
+
+    /// Upstream's rules: `P2PHANDSHAKE`; `etcd://` with endpoints separated
+    /// by `,` or `;`; `redis://`; `http://` (and `https://`, which the engine
+    /// then refuses); a string without `://` is an etcd endpoint list.
+    fn from_str(s: &str) -> crate::Result<Self> {
+        let s = s.trim();
+        let endpoints = |list: &str| -> crate::Result<Vec<String>> {
+            let v: Vec<String> = list
+                .split([',', ';'])
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(String::from)
+                .collect();
+            if v.is_empty() {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "metadata connection string {s:?} names no etcd endpoint"
+                )));
+            }
+            Ok(v)
+        };
+        if s == "P2PHANDSHAKE" {
+            return Ok(Metadata::P2pHandshake);
+        }
+        match s.split_once("://") {
+            None => Ok(Metadata::Etcd(endpoints(s)?)),
+            Some(("etcd", rest)) => Ok(Metadata::Etcd(endpoints(rest)?)),
+            Some(("redis", _)) => Ok(Metadata::Redis(s.to_string())),
+            Some(("http" | "https", _)) => Ok(Metadata::Http(s.to_string())),
+            Some((scheme, _)) => Err(crate::Error::InvalidArgument(format!(
+                "metadata connection string {s:?}: unknown scheme {scheme:?} (P2PHANDSHAKE, \
+                 etcd://, redis:// or http://)"
+            ))),
+        }
+    }
 }
 
 /// The transport used for data.

@@ -23,18 +23,22 @@ void copy_out(const std::string &s, char *buf, size_t len, size_t *needed) {
     std::memcpy(buf, s.c_str(), s.size() + 1);
 }
 
-// The size of mc_engine_config_t before the fields from
-// tcp_max_server_connections on were appended.
-constexpr size_t kConfigV1Size =
-    (offsetof(mc_engine_config_t, tcp_max_server_connections) + alignof(mc_engine_config_t) - 1) &
-    ~(alignof(mc_engine_config_t) - 1);
+// The sizes of mc_engine_config_t before the fields from
+// tcp_max_server_connections on (v1), and from advertise_host on (v2),
+// were appended.
+constexpr size_t config_size_before(size_t offset) {
+    return (offset + alignof(mc_engine_config_t) - 1) & ~(alignof(mc_engine_config_t) - 1);
+}
+constexpr size_t kConfigV1Size = config_size_before(offsetof(mc_engine_config_t, tcp_max_server_connections));
+constexpr size_t kConfigV2Size = config_size_before(offsetof(mc_engine_config_t, advertise_host));
 
 EngineConfig to_engine_config(const mc_engine_config_t &c) {
-    if (c.struct_size != sizeof(mc_engine_config_t) && c.struct_size != kConfigV1Size)
+    if (c.struct_size != sizeof(mc_engine_config_t) && c.struct_size != kConfigV1Size &&
+        c.struct_size != kConfigV2Size)
         throw Error(kErrInvalidArgument,
                     "mc_engine_config.struct_size is " + std::to_string(c.struct_size) +
                         ", this library expects " + std::to_string(sizeof(mc_engine_config_t)) +
-                        " (or " + std::to_string(kConfigV1Size) +
+                        " (or " + std::to_string(kConfigV2Size) + " or " + std::to_string(kConfigV1Size) +
                         " from an older header; header/library mismatch?)");
     EngineConfig e = EngineConfig::from_env();
     e.protocols = c.protocols;
@@ -71,6 +75,15 @@ EngineConfig to_engine_config(const mc_engine_config_t &c) {
     e.notify_max_message_bytes = c.notify_max_message_bytes;
     e.notify_max_bytes = c.notify_max_bytes;
     if (c.allowed_peer_networks) e.allowed_peer_networks = split_list(c.allowed_peer_networks);
+    if (c.struct_size == kConfigV2Size) return e;
+    if (c.advertise_host && *c.advertise_host) e.advertise_host = c.advertise_host;
+    if (c.metadata_cluster_id) e.metadata_cluster_id = c.metadata_cluster_id;
+    e.metadata_timeout_ms = c.metadata_timeout_ms;
+    e.metadata_lease_ttl_s = c.metadata_lease_ttl_s;
+    if (c.redis_username) e.redis_username = c.redis_username;
+    if (c.redis_password) e.redis_password = c.redis_password;
+    if (c.redis_db >= 0) e.redis_db = c.redis_db;
+    if (c.redis_db < -1 || c.redis_db > 255) throw Error(kErrInvalidArgument, "redis_db must be in 0..255 (or -1)");
     return e;
 }
 
@@ -113,6 +126,13 @@ int mc_engine_config_default(mc_engine_config_t *cfg) {
         cfg->notify_max_message_bytes = e.notify_max_message_bytes;
         cfg->notify_max_bytes = e.notify_max_bytes;
         cfg->allowed_peer_networks = nullptr;  // MC_ALLOWED_PEER_NETWORKS or any
+        cfg->advertise_host = nullptr;         // MC_TCP_BIND_ADDRESS, else the first non-loopback address
+        cfg->metadata_cluster_id = nullptr;    // MC_METADATA_CLUSTER_ID
+        cfg->metadata_timeout_ms = e.metadata_timeout_ms;
+        cfg->metadata_lease_ttl_s = e.metadata_lease_ttl_s;
+        cfg->redis_username = nullptr;  // MC_REDIS_USERNAME
+        cfg->redis_password = nullptr;  // MC_REDIS_PASSWORD
+        cfg->redis_db = -1;             // MC_REDIS_DB_INDEX
         return 0;
     });
 }
@@ -517,6 +537,13 @@ size_t mc_abi_describe(const mc_abi_field_t **fields) {
         MC_ABI_FIELD(mc_engine_config, notify_max_message_bytes),
         MC_ABI_FIELD(mc_engine_config, notify_max_bytes),
         MC_ABI_FIELD(mc_engine_config, allowed_peer_networks),
+        MC_ABI_FIELD(mc_engine_config, advertise_host),
+        MC_ABI_FIELD(mc_engine_config, metadata_cluster_id),
+        MC_ABI_FIELD(mc_engine_config, metadata_timeout_ms),
+        MC_ABI_FIELD(mc_engine_config, metadata_lease_ttl_s),
+        MC_ABI_FIELD(mc_engine_config, redis_username),
+        MC_ABI_FIELD(mc_engine_config, redis_password),
+        MC_ABI_FIELD(mc_engine_config, redis_db),
         MC_ABI_STRUCT(mc_env_overrides),
         MC_ABI_FIELD(mc_env_overrides, struct_size),
         MC_ABI_FIELD(mc_env_overrides, force_tcp),

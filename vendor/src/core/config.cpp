@@ -110,6 +110,19 @@ void read_listener_limits(const Env &env, EngineConfig &c) {
     c.allowed_peer_networks = env.list("MC_ALLOWED_PEER_NETWORKS");
 }
 
+void read_metadata_settings(const Env &env, EngineConfig &c) {
+    if (auto v = env.str("MC_TCP_BIND_ADDRESS")) c.advertise_host = trim(*v);
+    if (auto v = env.str("MC_METADATA_CLUSTER_ID")) c.metadata_cluster_id = trim(*v);
+    c.metadata_timeout_ms = env.u32("MC_METADATA_TIMEOUT_MS", c.metadata_timeout_ms, 1, 600000);
+    c.metadata_lease_ttl_s = env.u32("MC_METADATA_LEASE_TTL_SEC", c.metadata_lease_ttl_s, 0, 86400);
+    c.metadata_refresh_interval_s =
+        env.u32("MC_TE_METADATA_REFRESH_INTERVAL_SECONDS", c.metadata_refresh_interval_s, 0, 86400);
+    c.metadata_cache_ttl_ms = env.u32("MC_METADATA_CACHE_TTL_MS", c.metadata_cache_ttl_ms, 0, 86400000);
+    if (auto v = env.str("MC_REDIS_USERNAME")) c.redis_username = *v;
+    if (auto v = env.str("MC_REDIS_PASSWORD")) c.redis_password = *v;
+    c.redis_db = static_cast<int>(env.integer("MC_REDIS_DB_INDEX", 0, 0, 255));
+}
+
 }  // namespace
 
 EngineConfig EngineConfig::from_env(const EnvLookup &lookup) {
@@ -128,6 +141,7 @@ EngineConfig EngineConfig::from_env(const EnvLookup &lookup) {
     // Ours: restrict the listeners of programs that cannot set bind_address
     // (upstream's createTransferEngine binds every interface).
     c.bind_address = ProcessOverrides::from_env(lookup).bind_address;
+    read_metadata_settings(env, c);
     return c;
 }
 
@@ -181,6 +195,10 @@ GpuRegistrationMode resolve_gpu_registration_mode(GpuRegistrationMode m) {
 void EngineConfig::validate() const {
     auto fail = [](const std::string &m) { throw Error(kErrInvalidArgument, m); };
     if (metadata_conn_string.empty()) fail("metadata_conn_string is empty");
+    if (metadata_timeout_ms == 0 || metadata_timeout_ms > 600000) fail("metadata_timeout_ms must be in 1..600000");
+    if (metadata_lease_ttl_s > 86400) fail("metadata_lease_ttl_s must be in 0..86400");
+    if (redis_db < 0 || redis_db > 255) fail("redis_db must be in 0..255");
+    if (metadata_cluster_id.size() > 256) fail("metadata_cluster_id is longer than 256 bytes");
     if (local_server_name.empty()) fail("local_server_name is empty");
     if (port_min == 0 || port_min > port_max)
         fail("port range " + std::to_string(port_min) + ".." + std::to_string(port_max) +

@@ -94,6 +94,24 @@ struct EngineConfig {
     // and data ports; empty = any (env MC_ALLOWED_PEER_NETWORKS).
     std::vector<std::string> allowed_peer_networks;
 
+    // Centralised metadata (metadata_conn_string etcd://, redis://, http://;
+    // metadata/metadata_store.h). The host published in rpc_meta and as
+    // the TCP data host: empty = the first non-loopback IPv4 address of an
+    // interface that is up (upstream's rule; env MC_TCP_BIND_ADDRESS sets it).
+    std::string advertise_host;
+    std::string metadata_cluster_id;      // env MC_METADATA_CLUSTER_ID: keys under mooncake/<id>/
+    uint32_t metadata_timeout_ms = 5000;  // one store call (env MC_METADATA_TIMEOUT_MS, ours)
+    uint32_t metadata_lease_ttl_s = 0;    // env MC_METADATA_LEASE_TTL_SEC (ours); 0 = upstream's, none
+    // Background re-fetch of every cached descriptor every N s; 0 = off
+    // (env MC_TE_METADATA_REFRESH_INTERVAL_SECONDS, upstream's).
+    uint32_t metadata_refresh_interval_s = 0;
+    // With a store, openSegment re-reads a cached descriptor older than
+    // this (env MC_METADATA_CACHE_TTL_MS, ours; 0 = never, upstream's).
+    uint32_t metadata_cache_ttl_ms = 5000;
+    std::string redis_username;  // env MC_REDIS_USERNAME
+    std::string redis_password;  // env MC_REDIS_PASSWORD
+    int redis_db = 0;            // env MC_REDIS_DB_INDEX, 0..255
+
     // Defaults, then the MC_* environment variables that upstream honours.
     static EngineConfig from_env(const EnvLookup &lookup = {});
     // Throws Error(kErrInvalidArgument) naming the bad field.

@@ -2,6 +2,7 @@
 // fetched for each. Ids start at 1 (0 is LOCAL_SEGMENT) and are never reused.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,8 +23,10 @@ public:
     explicit SegmentCache(Fetcher fetch) : fetch_(std::move(fetch)) {}
 
     // Returns the id for `name`, fetching the descriptor when it is not
-    // cached or when `refresh` is set. Throws Error.
-    int32_t open(const std::string &name, bool refresh);
+    // cached, when `refresh` is set, or when the cached one is older than
+    // `max_age_ms` (0 = no limit; when that re-read fails, the cached one
+    // is used). Throws Error.
+    int32_t open(const std::string &name, bool refresh, uint64_t max_age_ms = 0);
     // The descriptor for an id; nullptr when unknown or evicted.
     std::shared_ptr<const SegmentDesc> get(int32_t id) const;
     std::string name_of(int32_t id) const;
@@ -31,14 +34,16 @@ public:
     // Drops the cached descriptor (the id stays reserved for the name).
     bool evict(const std::string &name);
     // Refetches every cached descriptor; returns the first error, if any
-    // (code, message), after trying them all.
-    std::pair<int, std::string> refresh_all();
+    // (code, message), after trying them all; stops early once `stop`
+    // says so.
+    std::pair<int, std::string> refresh_all(const std::function<bool()> &stop = {});
 
 private:
     struct Entry {
         int32_t id;
         std::string name;
         std::shared_ptr<const SegmentDesc> desc;
+        std::chrono::steady_clock::time_point fetched_at;
     };
     Fetcher fetch_;
     mutable std::mutex mu_;

@@ -34,6 +34,7 @@ void TransferEngine::uninstall_transport(const std::string &proto) {
         auto old = std::atomic_exchange(&rdma_, std::shared_ptr<rdma::RdmaTransport>());
         if (!old) throw Error(kErrInvalidArgument, "transport 'rdma' is not installed on this engine");
         MC_LOG(Info, "RDMA transport uninstalled; it goes once no call uses it any more");
+        republish("uninstalling the RDMA transport");
         return;  // `old` released here, or by the last submit still holding it
     }
     if (proto != "tcp")
@@ -46,6 +47,7 @@ void TransferEngine::uninstall_transport(const std::string &proto) {
     if (same_host_server_) same_host_server_->stop();
     if (tcp_server_) tcp_server_->stop();
     MC_LOG(Info, "TCP transport uninstalled (data port " << tcp_port_ << " closed)");
+    republish("uninstalling the TCP transport");
 }
 
 size_t TransferEngine::discover_topology() {

@@ -1,5 +1,5 @@
 // Who this engine is, for same-host decisions: this boot of this host, and
-// this process.
+// this process, and the address it advertises in centralised metadata.
 #pragma once
 
 #include <string>
@@ -13,5 +13,9 @@ std::string read_host_id();
 // 32 random hex digits made once per process: lets CUDA IPC tell its own
 // segments from others' without publishing a pid.
 const std::string &process_token();
+
+// Upstream's advertised address: the first IPv4 address of an interface
+// that is up and running and not "lo"; empty when there is none.
+std::string first_interface_address();
 
 }  // namespace mcrs

@@ -16,6 +16,7 @@
 #include "handshake/frame.h"
 #include "handshake/handshake_client.h"
 #include "handshake/handshake_server.h"
+#include "metadata/metadata_directory.h"
 #include "gpu/gpu.h"
 #include "transport/ipc/ipc_transport.h"
 #include "transport/rdma/rdma_transport.h"
@@ -61,15 +62,17 @@ TransferEngine::TransferEngine(EngineConfig cfg)
       segments_([this](const std::string &n) { return fetch_descriptor(n); }) {
     cfg_.validate();
     cfg_.gpu_registration_mode = resolve_gpu_registration_mode(cfg_.gpu_registration_mode);
-    if (cfg_.metadata_conn_string != "P2PHANDSHAKE")
-        throw Error(kErrNotImplemented,
-                    "metadata backend '" + cfg_.metadata_conn_string +
-                        "' is not supported yet; use P2PHANDSHAKE");
-    local_host_ = parse_host_port(cfg_.local_server_name).host;
-    if (local_host_.empty()) throw Error(kErrInvalidArgument, "local_server_name has no host part");
+    const bool p2p = cfg_.metadata_conn_string == "P2PHANDSHAKE";
+    if (p2p) {
+        local_host_ = parse_host_port(cfg_.local_server_name).host;
+        if (local_host_.empty()) throw Error(kErrInvalidArgument, "local_server_name has no host part");
+    } else {
+        open_directory();  // etcd, Redis or HTTP: nothing is contacted yet
+    }
 
     Fd hs = listen_port(cfg_, cfg_.rpc_port, rpc_port_, "handshake listener");
-    segment_name_ = join_host_port(local_host_, rpc_port_);
+    if (p2p) segment_name_ = join_host_port(local_host_, rpc_port_);
+    publish_rpc_meta();  // centralised: before anything runs, so a refusal costs nothing
 
     HandshakeServerOptions ho;
     ho.timeout_ms = cfg_.handshake_timeout_ms;
@@ -81,17 +84,34 @@ TransferEngine::TransferEngine(EngineConfig cfg)
         std::move(hs), ho,
         [this](uint8_t t, const Json &req, Json &reply) { return handle_handshake(t, req, reply); });
     host_id_ = read_host_id();
-    if (cfg_.protocols & kProtoTcp) install_transport("tcp");
-    if (cfg_.protocols & kProtoRdma) install_transport("rdma");
-    if (cfg_.enable_cuda_ipc && gpu::build_major() != 0) ipc_ = std::make_unique<IpcTransport>(2);
-    handshake_->start();
-    MC_LOG(Info, "engine " << segment_name_ << " up (tcp data port " << tcp_port_ << ")");
+    try {
+        if (cfg_.protocols & kProtoTcp) install_transport("tcp");
+        if (cfg_.protocols & kProtoRdma) install_transport("rdma");
+        if (cfg_.enable_cuda_ipc && gpu::build_major() != 0) ipc_ = std::make_unique<IpcTransport>(2);
+        publish_descriptor();
+        handshake_->start();
+        start_refresher();
+    } catch (...) {
+        withdraw_from_directory();
+        stop_all();
+        throw;
+    }
+    MC_LOG(Info, "engine " << segment_name_ << " up (handshake " << join_host_port(local_host_, rpc_port_)
+                           << ", tcp data port " << tcp_port_
+                           << (directory_ ? ", metadata in " + directory_->describe() : std::string()) << ")");
 }
 
 TransferEngine::~TransferEngine() {
     if (graceful_.load()) {
         for (auto &b : batches_.all()) b->wait(static_cast<int64_t>(cfg_.tcp_progress_timeout_ms));
     }
+    // Peers stop finding this engine before it stops answering.
+    withdraw_from_directory();
+    stop_all();
+}
+
+void TransferEngine::stop_all() {
+    stop_refresher();
     if (handshake_) handshake_->stop();
     // Stop initiating first (fails what is queued or in flight), then stop
     // serving peers; after both no thread touches registered memory.
@@ -118,8 +138,8 @@ rdma::RdmaTransportOptions TransferEngine::rdma_options(const std::string &topol
     o.deny = cfg_.device_deny_list;
     o.gpu_mode = cfg_.gpu_registration_mode;
     HandshakeClientOptions ho = client_options(cfg_);
-    o.send_handshake = [ho](const std::string &segment, const Json &body, uint32_t timeout_ms) {
-        HostPort hp = parse_host_port(segment);
+    o.send_handshake = [this, ho](const std::string &segment, const Json &body, uint32_t timeout_ms) {
+        HostPort hp = handshake_address(segment);
         HandshakeClientOptions x = ho;
         if (timeout_ms) x.timeout_ms = timeout_ms;
         return handshake_request(hp.host, hp.port, kHsConnection, body, x);
@@ -145,6 +165,7 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
         for (const auto &r : registry_.snapshot(/*remote_only=*/false))
             t->register_region(r.addr, r.length, r.device, r.remote_accessible, r.location);
         std::atomic_store(&rdma_, std::move(t));
+        republish("installing the RDMA transport");
         return;
     }
     if (proto != "tcp")
@@ -192,6 +213,7 @@ void TransferEngine::install_transport(const std::string &proto, const std::stri
         }
     }
     tcp_installed_.store(true);
+    republish("installing the TCP transport");
 }
 
 std::shared_ptr<rdma::RdmaTransport> TransferEngine::rdma_or_throw() const {
@@ -320,6 +342,7 @@ bool TransferEngine::handle_handshake(uint8_t type, const Json &req, Json &reply
 }
 
 SegmentDesc TransferEngine::fetch_descriptor(const std::string &name) {
+    if (directory_) return fetch_from_directory(name);
     HostPort hp = parse_host_port(name);
     Json reply;
     try {
@@ -386,6 +409,7 @@ void TransferEngine::register_memory(void *addr, size_t len, const std::string &
             throw;
         }
     }
+    if (remote) publish_or_undo({r});
 }
 
 void TransferEngine::register_memory_batch(const std::vector<RegionInfo> &regions) {
@@ -404,6 +428,40 @@ void TransferEngine::register_memory_batch(const std::vector<RegionInfo> &region
             throw;
         }
     }
+    for (const auto &r : rs)
+        if (r.remote_accessible) {
+            publish_or_undo(rs);
+            break;
+        }
+}
+
+void TransferEngine::publish_or_undo(const std::vector<RegionInfo> &added) {
+    if (!directory_) return;
+    try {
+        publish_descriptor();
+    } catch (...) {
+        // Peers could not learn of the memory: the registration fails as a
+        // whole, as upstream's does when its metadata update fails. Same
+        // order as unregister_memory: the registry waits for pins first.
+        for (const auto &r : added) {
+            registry_.remove(r.addr);
+            if (auto t = rdma()) t->deregister_region(r.addr);
+        }
+        // A PUT that timed out may still have landed: say what is true now.
+        republish("undoing a registration");
+        throw;
+    }
+}
+
+void TransferEngine::republish(const char *after) {
+    if (!directory_) return;
+    try {
+        publish_descriptor();
+    } catch (const Error &e) {
+        // Peers keep the previous descriptor; what it names that is gone is
+        // rejected by the range check, as for any stale descriptor.
+        MC_LOG(Warn, "after " << after << ": " << e.what());
+    }
 }
 
 void TransferEngine::unregister_memory(void *addr) {
@@ -411,13 +469,17 @@ void TransferEngine::unregister_memory(void *addr) {
     // only then are the MRs released.
     registry_.remove(reinterpret_cast<uint64_t>(addr));
     if (auto t = rdma()) t->deregister_region(reinterpret_cast<uint64_t>(addr));
+    republish("unregistering memory");
 }
 
 int32_t TransferEngine::open_segment(const std::string &raw, bool no_cache) {
     std::string name = raw;
     while (!name.empty() && name[0] == '/') name.erase(0, 1);
     if (name.empty()) throw Error(kErrInvalidArgument, "segment name is empty");
-    return segments_.open(name, no_cache || !cfg_.metadata_cache);
+    // With a store, a cached descriptor is re-read once it is older than
+    // metadata_cache_ttl_ms: an engine that restarted under the same name
+    // (new ports) is found again without the caller evicting anything.
+    return segments_.open(name, no_cache || !cfg_.metadata_cache, directory_ ? cfg_.metadata_cache_ttl_ms : 0);
 }
 
 void TransferEngine::close_segment(int32_t id) {
@@ -444,7 +506,7 @@ std::shared_ptr<const SegmentDesc> TransferEngine::segment_desc(int32_t id) cons
 void TransferEngine::probe_segment(int32_t id) {
     auto d = segments_.get(id);
     if (!d) throw Error(kErrInvalidArgument, "unknown segment id " + std::to_string(id));
-    HostPort hp = parse_host_port(d->name);
+    HostPort hp = handshake_address(d->name);
     Json r = handshake_request(hp.host, hp.port, kHsProbe, Json::object(), client_options(cfg_));
     if (json_string_or(r, "status", "") != "success")
         throw Error(kErrMetadata, "segment '" + d->name + "' answered the probe without success");
@@ -462,7 +524,7 @@ void TransferEngine::send_notify(int32_t segment_id, const std::string &name,
         if (!d) throw Error(kErrMetadata, "unknown segment id " + std::to_string(segment_id));
         target_name = d->name;  // upstream addresses notifies by the descriptor's name
     }
-    HostPort hp = parse_host_port(target_name);
+    HostPort hp = handshake_address(target_name);
     Json body = Json::object();
     body.set("name", name);
     body.set("notify_msg", msg);

@@ -4,13 +4,17 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
+#include "common/host_port.h"
 #include "common/json.h"
 #include "common/peer_filter.h"
 #include "core/batch.h"
@@ -30,6 +34,7 @@ class TcpClient;
 class IpcTransport;
 class SameHostServer;
 class SameHostClient;
+class MetadataDirectory;
 namespace rdma {
 class RdmaTransport;
 struct RdmaTransportOptions;
@@ -164,6 +169,33 @@ private:
     // Fills the GPU facts (device, location, IPC handle) of a region.
     void describe_region(RegionInfo &r) const;
     SegmentDesc fetch_descriptor(const std::string &name);
+
+    // Centralised metadata (directory.cpp; all no-ops in P2PHANDSHAKE mode).
+    // Opens the store the connection string names and picks the advertised
+    // host and the segment name.
+    void open_directory();
+    // Puts this engine's rpc_meta (once, at start) and descriptor (on every
+    // change); throw Error(kErrMetadata).
+    void publish_rpc_meta();
+    void publish_descriptor();
+    // Deletes both keys (destruction; failures logged).
+    void withdraw_from_directory();
+    // After a registration of remote-accessible memory: publishes, or undoes
+    // the registration and throws.
+    void publish_or_undo(const std::vector<RegionInfo> &added);
+    // After other changes: publishes, or logs why it could not.
+    void republish(const char *after);
+    // A peer's descriptor from the store.
+    SegmentDesc fetch_from_directory(const std::string &name);
+    // Where segment `name`'s handshake port is: parsed from the name in
+    // P2PHANDSHAKE mode, its rpc_meta key otherwise (cached until the
+    // descriptor is fetched again).
+    HostPort handshake_address(const std::string &name);
+    void start_refresher();
+    void stop_refresher();
+    // Stops every thread and transport (destructor; a constructor that
+    // failed half way).
+    void stop_all();
     std::shared_ptr<Batch> batch_or_throw(uint64_t id) const;
     std::shared_ptr<rdma::RdmaTransport> rdma_or_throw() const;
     void release_managed();  // destructor: unregisters and unmaps what is left
@@ -226,6 +258,14 @@ private:
     std::unique_ptr<SameHostClient> same_host_client_;
     std::unique_ptr<HandshakeServer> handshake_;
     std::string host_id_;  // this boot of this host (for same-host paths)
+    std::unique_ptr<MetadataDirectory> directory_;  // null in P2PHANDSHAKE mode
+    std::mutex publish_mu_;                          // one descriptor PUT at a time, newest last
+    std::mutex rpc_mu_;
+    std::unordered_map<std::string, HostPort> rpc_addrs_;  // peers' rpc_meta (rpc_mu_)
+    std::thread refresher_;  // MC_TE_METADATA_REFRESH_INTERVAL_SECONDS
+    std::mutex refresh_mu_;
+    std::condition_variable refresh_cv_;
+    bool refresh_stop_ = false;
     std::atomic<uint64_t> local_copies_{0};
     std::atomic<uint64_t> tasks_submitted_{0};
     std::atomic<uint64_t> task_status_reads_{0};
