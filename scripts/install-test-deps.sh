@@ -5,7 +5,9 @@
 #    verbs declarations with its header), libclang-dev (the bindings
 #    freshness check runs bindgen), iproute2 when `ip` is missing (the
 #    network-namespace test), clang and libclang-rt-14-dev (the libFuzzer
-#    runtime: `make -C vendor fuzz`);
+#    runtime: `make -C vendor fuzz`), etcd-server, etcd-client and
+#    redis-server (the metadata-store tests start their own on free
+#    127.0.0.1 ports; the packages' own services are not used);
 #  - a Python venv at .venv-upstream with upstream Mooncake 0.3.13
 #    (mooncake-transfer-engine-non-cuda==0.3.13.post1), pyzmq and msgspec
 #    for interop tests;
@@ -24,7 +26,7 @@ SIDE_PKGS=(pyzmq msgspec)
 VENV=.venv-upstream
 
 need_apt=()
-APT_PKGS=(libibverbs1 libibverbs-dev libnuma1 libclang-dev clang libclang-rt-14-dev)
+APT_PKGS=(libibverbs1 libibverbs-dev libnuma1 libclang-dev clang libclang-rt-14-dev etcd-server etcd-client redis-server)
 [ "$UPSTREAM_ONLY" = 1 ] && APT_PKGS=(libibverbs1 libnuma1)
 for pkg in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")

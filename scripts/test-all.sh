@@ -38,6 +38,10 @@ trap 'kill -- -"$semver_install" 2>/dev/null || true' EXIT
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+# The metadata-store tests start real etcd and redis-server (installed by
+# scripts/install-test-deps.sh): here a missing one is a failure, not a skip.
+export MC_REQUIRE_METADATA_SERVERS=1
+
 step "C++ engine tests (-Wall -Wextra -Werror)"
 make -s -C vendor -j"$JOBS" test
 
