@@ -54,6 +54,8 @@ size_t TransferEngine::discover_topology() {
     if (auto t = rdma()) {
         size_t moved = t->rediscover();
         MC_LOG(Info, "discoverTopology: " << t->nic_count() << " RDMA NIC(s), " << moved << " readdressed");
+        // New GIDs/LIDs are in the descriptor: a store must hold them too.
+        if (moved > 0) republish("re-addressing RDMA NICs");
         return t->nic_count();
     }
     std::lock_guard<std::mutex> g(install_mu_);
