@@ -183,10 +183,9 @@ private:
     HttpResponse request(const char *method, const std::string &key, const std::string *body);
     [[noreturn]] void fail(const char *op, const std::string &key, const HttpResponse &r) const;
 
-    std::string url_;
-    HttpUrl parsed_;
-    MetadataStoreOptions opt_;
-    std::mutex mu_;
+    const std::string url_;
+    const HttpUrl parsed_;
+    const MetadataStoreOptions opt_;
 };
 
 }  // namespace mcrs
