@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define MC_ENGINE_VERSION "0.1.0"
+#define MC_ENGINE_VERSION "0.2.0"
 
 /* Negative error codes; numerically identical to upstream's error.h. */
 #define ERR_INVALID_ARGUMENT (-1)
