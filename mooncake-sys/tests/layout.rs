@@ -107,7 +107,14 @@ fn rust_layout() -> BTreeMap<(String, String), (usize, usize)> {
         handshake_max_connections_per_source,
         notify_max_message_bytes,
         notify_max_bytes,
-        allowed_peer_networks
+        allowed_peer_networks,
+        advertise_host,
+        metadata_cluster_id,
+        metadata_timeout_ms,
+        metadata_lease_ttl_s,
+        redis_username,
+        redis_password,
+        redis_db
     );
     layout!(
         m,
