@@ -252,3 +252,53 @@ async fn scattered_pull_reads_each_status_once() {
         "{reads} status reads for {descriptors} descriptors: bookkeeping is no longer linear"
     );
 }
+
+/// `kv_connector_extra_config.metadata_server`: both sides publish
+/// themselves in an HTTP metadata store (this package's server, in
+/// process) under `"<host>:<handshake port>"`, and the prefiller finds the
+/// decoder there, not by a handshake to the address in the side channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_through_a_metadata_store() {
+    use mooncake_connector::metadata_server::{serve, Config};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let store = format!("http://{}/metadata", listener.local_addr().unwrap());
+    tokio::spawn(serve(listener, Config::default(), std::future::pending()));
+    let extra = format!(
+        r#"{{"mooncake_protocol":"tcp","num_workers":2,"metadata_server":"{store}"}}"#
+    );
+    let p = Prefill::start_with(1, spec(), env(30), &extra).await;
+    let d = Decode::start_with(1, spec(), env(30), &extra);
+    let name = |ctx: &mooncake_connector::connector::WorkerContext| {
+        format!("127.0.0.1:{}", ctx.engine.rpc_port())
+    };
+    let get = |key: String| {
+        let url = format!("{store}?key={key}");
+        async move {
+            let r = reqwest::get(url).await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    // The decoder's descriptor and handshake address are in the store under
+    // the name the side channel carries.
+    let (dname, pname) = (name(&d.ranks[0].0), name(p.ctx(0)));
+    assert_eq!(d.ranks[0].0.engine.segment_name(), dname);
+    for key in [format!("mooncake/ram/{dname}"), format!("mooncake/rpc_meta/{pname}")] {
+        let (status, body) = get(key.clone()).await;
+        assert_eq!(status, 200, "{key}: {body}");
+    }
+    let tokens = tokenize("a store between prefill and decode");
+    p.prefill("xfer-s", "p-s", &tokens, &[5, 6, 7, 8, 9, 10, 11, 12, 13]);
+    let blocks = [30, 31, 32, 40, 41, 42, 43, 50, 51];
+    let out = d
+        .pull(&p.bootstrap_url(), &p.engine_id, vec![req("d-s", "xfer-s", &blocks)])
+        .await;
+    all_ok(&out, &["d-s"]);
+    assert_eq!(
+        d.verify(&tokens, &blocks).unwrap(),
+        expected_digest(&spec(), &tokens)
+    );
+    // Shutdown withdraws both entries.
+    drop(d);
+    let (status, _) = get(format!("mooncake/ram/{dname}")).await;
+    assert_eq!(status, 404);
+}

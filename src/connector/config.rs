@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use mooncake::Metadata;
 use serde_json::Value;
 
 use super::error::ConnectorError;
@@ -116,6 +117,13 @@ pub struct KvTransferConfig {
     /// `kv_connector_extra_config.bootstrap_server_address`: an external
     /// bootstrap server; when set, no embedded server is started.
     pub bootstrap_server_address: Option<HostPort>,
+    /// `kv_connector_extra_config.metadata_server`: where the transfer
+    /// engines publish and find each other (default `"P2PHANDSHAKE"`, as
+    /// vLLM's connector; `etcd://...`, `redis://...` or `http://...` select
+    /// a metadata store, with the same key name as Mooncake Store's
+    /// `mooncake.json`). Every prefill and decode worker must name the same
+    /// store.
+    pub metadata_server: Metadata,
 }
 
 fn get_str<'a>(
@@ -162,6 +170,7 @@ impl KvTransferConfig {
             mooncake_protocol: parse_mooncake_protocol(extra)?,
             device_name: parse_device_name(extra)?,
             bootstrap_server_address: parse_bootstrap_server_address(extra)?,
+            metadata_server: parse_metadata_server(extra)?,
         })
     }
 }
@@ -292,6 +301,18 @@ fn parse_bootstrap_server_address(extra: &JsonObject) -> Result<Option<HostPort>
     get_str(extra, "bootstrap_server_address", KEY)?
         .map(|s| HostPort::parse(KEY, s))
         .transpose()
+}
+
+/// `kv_connector_extra_config.metadata_server`: a metadata connection
+/// string (`P2PHANDSHAKE`, the default, or a store).
+fn parse_metadata_server(extra: &JsonObject) -> Result<Metadata, ConnectorError> {
+    const KEY: &str = "kv_connector_extra_config.metadata_server";
+    match get_str(extra, "metadata_server", KEY)? {
+        None => Ok(Metadata::P2pHandshake),
+        Some(s) => s
+            .parse::<Metadata>()
+            .map_err(|e| ConnectorError::config(KEY, e.to_string())),
+    }
 }
 
 /// The `VLLM_MOONCAKE_*` and `VLLM_HOST_IP` environment variables.

@@ -2,7 +2,7 @@
 //! its registered KV cache and the layout of that cache.
 use std::sync::Arc;
 
-use mooncake::{Access, Engine, HostBuffer, LocalMemory, Protocol, Registration};
+use mooncake::{Access, Engine, ErrorCode, HostBuffer, LocalMemory, Protocol, Registration};
 
 use super::config::{ConnectorEnv, KvTransferConfig, MooncakeProtocol};
 use super::error::ConnectorError;
@@ -65,7 +65,8 @@ pub fn engine_protocol(setting: MooncakeProtocol) -> Protocol {
 /// Starts a transfer engine the way the connector configures it:
 /// advertised on `VLLM_HOST_IP`, the transport from `mooncake_protocol`
 /// (see [`engine_protocol`]), the NIC allow-list from `device_name`, GPU
-/// registration from `WITH_NVIDIA_PEERMEM` (read by the engine itself).
+/// registration from `WITH_NVIDIA_PEERMEM` (read by the engine itself),
+/// published in `metadata_server` when that names a store.
 ///
 /// With `"rdma"` and no usable HCA (no verbs library, no device, none left
 /// after `device_name`, ports down) the engine runs on TCP and a warning
@@ -74,11 +75,17 @@ pub fn build_engine(
     config: &KvTransferConfig,
     env: &ConnectorEnv,
 ) -> Result<Engine, ConnectorError> {
-    let engine = Engine::builder()
-        .local_host(env.host_ip.clone())
-        .protocol(engine_protocol(config.mooncake_protocol))
-        .device_allow_list(&config.device_name)
-        .build()?;
+    let builder = || {
+        Engine::builder()
+            .local_host(env.host_ip.clone())
+            .protocol(engine_protocol(config.mooncake_protocol))
+            .device_allow_list(&config.device_name)
+    };
+    let engine = if config.metadata_server.is_centralised() {
+        build_in_store(builder, config, env)?
+    } else {
+        builder().build()?
+    };
     if config.mooncake_protocol == MooncakeProtocol::Rdma {
         match engine.rdma_topology() {
             Ok(topo) => {
@@ -96,6 +103,46 @@ pub fn build_engine(
         }
     }
     Ok(engine)
+}
+
+/// Builds an engine that publishes itself in `config.metadata_server`.
+///
+/// Peers address an engine as `"<VLLM_HOST_IP>:<handshake port>"` (the side
+/// channel carries the host and the port, and the prefiller opens that
+/// segment), so in a store the segment name must be that string, and the
+/// port is known before the engine starts: a free port the kernel hands
+/// out, chosen again if another process takes it first.
+fn build_in_store(
+    builder: impl Fn() -> mooncake::EngineBuilder,
+    config: &KvTransferConfig,
+    env: &ConnectorEnv,
+) -> Result<Engine, ConnectorError> {
+    const ATTEMPTS: usize = 8;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let port = std::net::TcpListener::bind(("0.0.0.0", 0))
+            .and_then(|l| l.local_addr())
+            .map_err(|e| {
+                ConnectorError::config(
+                    "kv_connector_extra_config.metadata_server",
+                    format!("no free port for the engine's handshake: {e}"),
+                )
+            })?
+            .port();
+        let built = builder()
+            .metadata(config.metadata_server.clone())
+            .segment_name(format!("{}:{port}", env.host_ip))
+            .rpc_port(port)
+            .build();
+        match built {
+            Ok(engine) => return Ok(engine),
+            Err(e) if e.code() == ErrorCode::Socket && attempt < ATTEMPTS => {
+                tracing::debug!(target: "mooncake_connector", port, "handshake port taken, choosing another: {e}");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 impl WorkerContext {

@@ -13,6 +13,7 @@ fn seed_guide_configs_parse_with_defaults() {
     assert_eq!(p.mooncake_protocol, MooncakeProtocol::Rdma);
     assert!(p.device_name.is_empty());
     assert!(p.bootstrap_server_address.is_none());
+    assert_eq!(p.metadata_server, Metadata::P2pHandshake);
     assert_eq!(p.kv_load_failure_policy, LoadFailurePolicy::Fail);
     assert_eq!(
         uuid::Uuid::parse_str(&p.engine_id)
@@ -40,6 +41,33 @@ fn seed_guide_configs_parse_with_defaults() {
         })
     );
     assert_eq!(c.kv_load_failure_policy, LoadFailurePolicy::Recompute);
+}
+
+#[test]
+fn metadata_server_selects_a_store() {
+    let parse = |m: &str| {
+        KvTransferConfig::from_json(&format!(
+            r#"{{"kv_connector":"MooncakeConnector","kv_role":"kv_both",
+                "kv_connector_extra_config":{{"metadata_server":"{m}"}}}}"#
+        ))
+    };
+    assert_eq!(
+        parse("etcd://10.0.0.1:2379,10.0.0.2:2379").unwrap().metadata_server,
+        Metadata::Etcd(vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()])
+    );
+    assert_eq!(
+        parse("http://10.0.0.1:8080/metadata").unwrap().metadata_server,
+        Metadata::Http("http://10.0.0.1:8080/metadata".into())
+    );
+    assert_eq!(
+        parse("P2PHANDSHAKE").unwrap().metadata_server,
+        Metadata::P2pHandshake
+    );
+    let e = parse("ftp://x").unwrap_err().to_string();
+    assert!(
+        e.contains("metadata_server") && e.contains("unknown scheme"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -81,6 +109,10 @@ fn bad_values_name_their_key() {
         (
             r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_connector_extra_config":{"device_name":7}}"#,
             "device_name",
+        ),
+        (
+            r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_connector_extra_config":{"metadata_server":3}}"#,
+            "metadata_server",
         ),
         (
             r#"{"kv_connector":"MooncakeConnector","kv_role":"kv_both","kv_load_failure_policy":"retry"}"#,
