@@ -135,6 +135,14 @@ public:
     }
     bool running() const { return pid_ > 0; }
     pid_t pid() const { return pid_; }
+    // SIGSTOP / SIGCONT: a hung server whose kernel still accepts
+    // connections, a fault no fake is needed for.
+    void pause() const {
+        if (pid_ > 0) ::kill(pid_, SIGSTOP);
+    }
+    void resume() const {
+        if (pid_ > 0) ::kill(pid_, SIGCONT);
+    }
     // SIGKILL (a crash) and reap.
     void kill_now() {
         if (pid_ <= 0) return;
@@ -208,6 +216,8 @@ public:
         });
     }
     void kill_now() { child_.kill_now(); }
+    void pause() const { child_.pause(); }
+    void resume() const { child_.resume(); }
     bool running() const { return child_.running(); }
 
 private:
@@ -225,6 +235,8 @@ public:
                member_.wait_healthy(15000);
     }
     void kill_now() { member_.kill_now(); }
+    void pause() const { member_.pause(); }
+    void resume() const { member_.resume(); }
     uint16_t port() const { return member_.client_port; }
     std::string endpoint() const { return member_.endpoint(); }
     const std::string &dir() const { return tmp_.path(); }
@@ -284,6 +296,8 @@ public:
         });
     }
     void kill_now() { child_.kill_now(); }
+    void pause() const { child_.pause(); }
+    void resume() const { child_.resume(); }
     uint16_t port() const { return port_; }
     std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
 

@@ -518,6 +518,60 @@ TEST(metadata_store_etcd_down_and_restart) {
 
 namespace {
 
+// Four concurrent lookups while the real server hangs (SIGSTOP: its kernel
+// still accepts connections, nothing answers). Calls take turns on the
+// store's connection, and each must still end within its own timeout, not
+// after the calls queued ahead of it; after SIGCONT the store answers
+// again (no reply meant for a timed-out call is taken for a later one).
+template <class Server>
+void concurrent_calls_while_hung(Server &server, const std::string &conn) {
+    MetadataStoreOptions o = fast_opts();
+    auto store = make_metadata_store(conn, o);
+    store->put("k", "v");
+    server.pause();
+    std::atomic<long long> worst{0};
+    std::atomic<int> metadata_errors{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i)
+        threads.emplace_back([&] {
+            auto t0 = Clock::now();
+            std::string v;
+            int code = 0;
+            error_of([&] { store->get("k", v); }, &code);
+            if (code == int(kErrMetadata)) metadata_errors++;
+            long long ms = ms_since(t0), w = worst.load();
+            while (ms > w && !worst.compare_exchange_weak(w, ms)) {
+            }
+        });
+    for (auto &t : threads) t.join();
+    server.resume();
+    CHECK_EQ(metadata_errors.load(), 4);
+    CHECK(worst.load() < o.timeout_ms + 1000);
+    std::string v;
+    REQUIRE(store->get("k", v));
+    CHECK_EQ(v, std::string("v\n"));
+}
+
+}  // namespace
+
+TEST(metadata_store_etcd_concurrent_calls_while_hung) {
+    std::string bin = server_binary("etcd");
+    if (bin.empty()) return;
+    EtcdServer etcd(bin);
+    REQUIRE(etcd.start());
+    concurrent_calls_while_hung(etcd, "etcd://" + etcd.endpoint());
+}
+
+TEST(metadata_store_redis_concurrent_calls_while_hung) {
+    std::string bin = server_binary("redis-server");
+    if (bin.empty()) return;
+    RedisServer redis(bin, "");
+    REQUIRE(redis.start());
+    concurrent_calls_while_hung(redis, redis.url());
+}
+
+namespace {
+
 // The member that leads (by /v3/maintenance/status), -1 when unknown.
 int etcd_leader(const std::vector<std::unique_ptr<EtcdMember>> &ms) {
     for (size_t i = 0; i < ms.size(); ++i) {

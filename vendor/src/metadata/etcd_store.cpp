@@ -128,7 +128,7 @@ EtcdStore::EtcdStore(std::vector<HostPort> endpoints, const MetadataStoreOptions
 
 EtcdStore::~EtcdStore() {
     stop_keepalive();
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<StoreMutex> lk(mu_);
     if (crashed_ || lease_id_ == 0) return;
     // Revoking deletes every key attached to the lease at once. Best
     // effort: when it fails the keys still expire after the TTL.
@@ -263,10 +263,11 @@ void EtcdStore::fail(const std::string &op, const std::string &key, const Answer
 }
 
 bool EtcdStore::get(const std::string &key, std::string &value) {
-    std::lock_guard<std::mutex> lk(mu_);
+    const IoDeadline dl = user_deadline();
+    auto lk = lock_before(mu_, dl, describe_);
     Json body = Json::object();
     body.set("key", Json(base64_encode(key)));
-    Answer a = call("/v3/kv/range", body, user_deadline(), base64_len(key.size()));
+    Answer a = call("/v3/kv/range", body, dl, base64_len(key.size()));
     if (a.http_status != 200) fail("get", key, a);
     const Json *kvs = a.json.find("kvs");
     if (!kvs || kvs->is_null()) return false;
@@ -314,16 +315,18 @@ void EtcdStore::put_locked(const std::string &key, const std::string &value, con
 }
 
 void EtcdStore::put(const std::string &key, const std::string &value) {
-    std::lock_guard<std::mutex> lk(mu_);
-    put_locked(key, value, user_deadline());
+    const IoDeadline dl = user_deadline();
+    auto lk = lock_before(mu_, dl, describe_);
+    put_locked(key, value, dl);
 }
 
 bool EtcdStore::remove(const std::string &key) {
-    std::lock_guard<std::mutex> lk(mu_);
+    const IoDeadline dl = user_deadline();
+    auto lk = lock_before(mu_, dl, describe_);
     Json body = Json::object();
     body.set("key", Json(base64_encode(key)));
     held_.erase(key);  // first: a DELETE that lands but times out must not be put back by a lease renewal
-    Answer a = call("/v3/kv/deleterange", body, user_deadline(), 0);
+    Answer a = call("/v3/kv/deleterange", body, dl, 0);
     if (a.http_status != 200) fail("remove", key, a);
     int64_t deleted = 0;
     if (!int_field(a.json, "deleted", deleted))
@@ -380,7 +383,7 @@ void EtcdStore::keepalive_body() {
     const auto call_budget =
         std::chrono::milliseconds(std::min<uint32_t>(opt_.timeout_ms, std::max<uint32_t>(opt_.lease_ttl_s * 1000 / 2, 500)));
     bool failing = false;
-    std::unique_lock<std::mutex> lk(mu_);
+    std::unique_lock<StoreMutex> lk(mu_);
     for (;;) {
         // The mutex is released while waiting.
         if (cv_.wait_for(lk, interval, [this] { return stop_.load(); })) return;
@@ -452,19 +455,19 @@ void EtcdStore::keepalive_body() {
 void EtcdStore::stop_keepalive() {
     stop_.store(true);
     wake_.wake();
-    { std::lock_guard<std::mutex> lk(mu_); }
+    { std::lock_guard<StoreMutex> lk(mu_); }
     cv_.notify_all();
     if (keepalive_.joinable()) keepalive_.join();
 }
 
 void EtcdStore::simulate_crash_for_test() {
     stop_keepalive();
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<StoreMutex> lk(mu_);
     crashed_ = true;
 }
 
 int64_t EtcdStore::lease_id_for_test() {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<StoreMutex> lk(mu_);
     return lease_id_;
 }
 

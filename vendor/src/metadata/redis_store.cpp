@@ -204,7 +204,7 @@ RedisStore::RedisStore(std::string host, uint16_t port, const MetadataStoreOptio
 
 RedisStore::~RedisStore() {
     stop_keepalive();
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<StoreMutex> lk(mu_);
     if (crashed_ || opt_.lease_ttl_s == 0 || held_.empty()) return;
     // As revoking an etcd lease does: the keys go now rather than after
     // the TTL. Only those still holding what this store put (another
@@ -347,8 +347,9 @@ void RedisStore::set_locked(const std::string &key, const std::string &value, co
 }
 
 bool RedisStore::get(const std::string &key, std::string &value) {
-    std::lock_guard<std::mutex> lk(mu_);
-    RespReply r = call({"GET", key}, user_deadline());
+    const IoDeadline dl = user_deadline();
+    auto lk = lock_before(mu_, dl, describe_);
+    RespReply r = call({"GET", key}, dl);
     if (r.type == RespReply::Type::Nil) return false;
     if (r.type != RespReply::Type::Bulk)
         throw Error(kErrMetadata, describe_ + ": unexpected " + std::string(type_name(r.type)) + " reply to GET");
@@ -357,8 +358,9 @@ bool RedisStore::get(const std::string &key, std::string &value) {
 }
 
 void RedisStore::put(const std::string &key, const std::string &value) {
-    std::lock_guard<std::mutex> lk(mu_);
-    set_locked(key, value, user_deadline());
+    const IoDeadline dl = user_deadline();
+    auto lk = lock_before(mu_, dl, describe_);
+    set_locked(key, value, dl);
     if (opt_.lease_ttl_s > 0) {
         held_[key] = value;
         if (!keepalive_.joinable() && !crashed_) keepalive_ = std::thread([this] { keepalive_loop(); });
@@ -366,9 +368,10 @@ void RedisStore::put(const std::string &key, const std::string &value) {
 }
 
 bool RedisStore::remove(const std::string &key) {
-    std::lock_guard<std::mutex> lk(mu_);
+    const IoDeadline dl = user_deadline();
+    auto lk = lock_before(mu_, dl, describe_);
     held_.erase(key);  // first: a DEL that lands but times out must not be put back by a refresh
-    RespReply r = call({"DEL", key}, user_deadline());
+    RespReply r = call({"DEL", key}, dl);
     if (r.type != RespReply::Type::Integer)
         throw Error(kErrMetadata, describe_ + ": unexpected " + std::string(type_name(r.type)) + " reply to DEL");
     return r.integer > 0;
@@ -408,7 +411,7 @@ void RedisStore::keepalive_body() {
     const auto budget =
         std::chrono::milliseconds(std::min<uint32_t>(opt_.timeout_ms, std::max<uint32_t>(opt_.lease_ttl_s * 1000 / 2, 500)));
     bool failing = false;
-    std::unique_lock<std::mutex> lk(mu_);
+    std::unique_lock<StoreMutex> lk(mu_);
     for (;;) {
         // The mutex is released while waiting.
         if (cv_.wait_for(lk, interval, [this] { return stop_.load(); })) return;
@@ -428,14 +431,14 @@ void RedisStore::keepalive_body() {
 void RedisStore::stop_keepalive() {
     stop_.store(true);
     wake_.wake();
-    { std::lock_guard<std::mutex> lk(mu_); }
+    { std::lock_guard<StoreMutex> lk(mu_); }
     cv_.notify_all();
     if (keepalive_.joinable()) keepalive_.join();
 }
 
 void RedisStore::simulate_crash_for_test() {
     stop_keepalive();
-    std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<StoreMutex> lk(mu_);
     crashed_ = true;
     conn_.reset();
     rbuf_.clear();

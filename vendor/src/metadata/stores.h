@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/error.h"
 #include "common/host_port.h"
 #include "common/json.h"
 #include "common/socket.h"
@@ -21,6 +23,19 @@
 #include "metadata/metadata_store.h"
 
 namespace mcrs {
+
+// Calls to one etcd or Redis store share its connection and lease state, so
+// they take turns. A call takes its turn before its own deadline or fails:
+// behind a hung call it ends within its timeout, not after every call
+// queued ahead of it.
+using StoreMutex = std::timed_mutex;
+
+inline std::unique_lock<StoreMutex> lock_before(StoreMutex &mu, const IoDeadline &dl, const std::string &describe) {
+    std::unique_lock<StoreMutex> lk(mu, dl.deadline);
+    if (!lk.owns_lock())
+        throw Error(kErrMetadata, describe + ": timed out waiting for an earlier call to the store to finish");
+    return lk;
+}
 
 // ---- etcd (v3 JSON gateway) -------------------------------------------------
 
@@ -77,13 +92,13 @@ private:
     std::string describe_;
     std::atomic<size_t> last_good_{0};
 
-    std::mutex mu_;  // serializes calls; guards the lease state below
+    StoreMutex mu_;  // serializes calls (lock_before); guards the lease state below
     int64_t lease_id_ = 0;
     bool need_regrant_ = false;  // a renewal did not finish: grant and put again
     std::map<std::string, std::string> held_;  // key -> value last put (lease mode)
     bool crashed_ = false;
 
-    std::condition_variable cv_;
+    std::condition_variable_any cv_;
     std::atomic<bool> stop_{false};
     WakePipe wake_;  // cancels the keep-alive thread's I/O at shutdown
     std::thread keepalive_;
@@ -151,13 +166,13 @@ private:
     std::string describe_;
     RespLimits limits_;
 
-    std::mutex mu_;  // serializes calls; guards the connection and the keys below
+    StoreMutex mu_;  // serializes calls (lock_before); guards the connection and the keys below
     Fd conn_;
     std::string rbuf_;
     std::map<std::string, std::string> held_;  // key -> value last put (lease mode)
     bool crashed_ = false;
 
-    std::condition_variable cv_;
+    std::condition_variable_any cv_;
     std::atomic<bool> stop_{false};
     WakePipe wake_;
     std::thread keepalive_;
