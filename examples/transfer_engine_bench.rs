@@ -17,7 +17,10 @@
 //! As upstream, thread `t` uses block `i * threads + t` of its buffer for
 //! request `i` of every batch, on both sides, and the result is
 //! `Test completed: duration D, batch count N, throughput X GB/s`
-//! (bytes = N × batch_size × block_size). Flags of ours beyond upstream's:
+//! (bytes = N × batch_size × block_size). `--metadata_server` takes
+//! upstream's connection strings (`P2PHANDSHAKE`, `etcd://`, `redis://`,
+//! `http://`); with a store, `--local_server_name` is the segment name and
+//! `--segment_id` the target's. Flags of ours beyond upstream's:
 //! `--same_host=auto|off` (the same-host path, default auto),
 //! `--lanes=N` (TCP connections per peer), and `--reuse_batches=1|0` (one
 //! batch per thread, reset between rounds, instead of upstream's
@@ -27,12 +30,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mooncake::{Access, Engine, HostBuffer, Registration, RemoteSegment};
+use mooncake::{Access, Engine, HostBuffer, Metadata, Registration, RemoteSegment};
 
 struct Flags {
     mode: String,
     protocol: String,
     metadata_server: String,
+    metadata: Metadata,
     local_server_name: String,
     segment_id: String,
     operation: String,
@@ -53,6 +57,7 @@ fn parse_flags() -> Result<Flags, String> {
         mode: "initiator".into(),
         protocol: "rdma".into(),
         metadata_server: "192.168.3.77:2379".into(),
+        metadata: Metadata::P2pHandshake,
         local_server_name: "127.0.0.1".into(),
         segment_id: "192.168.3.76".into(),
         operation: "read".into(),
@@ -110,9 +115,10 @@ fn parse_flags() -> Result<Flags, String> {
             other => return Err(format!("unknown flag --{other}")),
         }
     }
-    if f.metadata_server != "P2PHANDSHAKE" {
-        return Err("only --metadata_server=P2PHANDSHAKE is supported".into());
-    }
+    f.metadata = f
+        .metadata_server
+        .parse()
+        .map_err(|e| format!("--metadata_server: {e}"))?;
     if f.protocol != "tcp" {
         return Err(format!(
             "--protocol={} is not supported; use --protocol=tcp",
@@ -139,32 +145,55 @@ fn unit(name: &str) -> (f64, &str) {
     }
 }
 
-fn builder(f: &Flags) -> mooncake::EngineBuilder {
-    let host = f
-        .local_server_name
-        .rsplit_once(':')
-        .map(|(h, _)| h.to_string())
-        .unwrap_or_else(|| f.local_server_name.clone());
+fn builder(f: &Flags) -> Result<mooncake::EngineBuilder, String> {
+    let (host, port) = match f.local_server_name.rsplit_once(':') {
+        Some((h, p)) => (
+            h.to_string(),
+            Some(
+                p.parse::<u16>()
+                    .map_err(|_| format!("--local_server_name: bad port {p:?}"))?,
+            ),
+        ),
+        None => (f.local_server_name.clone(), None),
+    };
     let mut b = Engine::builder()
         .local_host(host)
         .same_host_path(f.same_host);
+    if f.metadata.is_centralised() {
+        // As upstream: with a store, --local_server_name is the segment
+        // name, and a port in it is the handshake port.
+        b = b
+            .metadata(f.metadata.clone())
+            .segment_name(f.local_server_name.clone());
+        if let Some(p) = port {
+            b = b.rpc_port(p);
+        }
+    }
     if let Some(n) = f.lanes {
         b = b.tcp_lanes_per_peer(n);
     }
-    b
+    Ok(b)
 }
 
 fn target(f: &Flags) -> Result<(), Box<dyn std::error::Error>> {
-    let engine = builder(f).build()?;
+    let engine = builder(f)?.build()?;
     let buf = engine.register(
         HostBuffer::new(f.buffer_size)?,
         "cpu:0",
         Access::RemoteAccessible,
     )?;
-    println!(
-        "Transfer Engine RPC using P2P handshake, listening on {}",
-        engine.segment_name()
-    );
+    if f.metadata.is_centralised() {
+        println!(
+            "Transfer Engine RPC published in {} as {}",
+            f.metadata.conn_string(),
+            engine.segment_name()
+        );
+    } else {
+        println!(
+            "Transfer Engine RPC using P2P handshake, listening on {}",
+            engine.segment_name()
+        );
+    }
     println!("target segment {}", engine.segment_name());
     // Serve until killed (SIGINT/SIGTERM end the process).
     loop {
@@ -244,7 +273,7 @@ fn initiator(f: &Flags) -> Result<(), Box<dyn std::error::Error>> {
         "write" => true,
         other => return Err(format!("--operation={other}: use read or write").into()),
     };
-    let engine = builder(f).build()?;
+    let engine = builder(f)?.build()?;
     let local: Arc<Registration<HostBuffer>> = Arc::new(engine.register(
         HostBuffer::new(f.buffer_size)?,
         "cpu:0",
