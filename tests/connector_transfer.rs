@@ -263,9 +263,8 @@ async fn pull_through_a_metadata_store() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let store = format!("http://{}/metadata", listener.local_addr().unwrap());
     tokio::spawn(serve(listener, Config::default(), std::future::pending()));
-    let extra = format!(
-        r#"{{"mooncake_protocol":"tcp","num_workers":2,"metadata_server":"{store}"}}"#
-    );
+    let extra =
+        format!(r#"{{"mooncake_protocol":"tcp","num_workers":2,"metadata_server":"{store}"}}"#);
     let p = Prefill::start_with(1, spec(), env(30), &extra).await;
     let d = Decode::start_with(1, spec(), env(30), &extra);
     let name = |ctx: &mooncake_connector::connector::WorkerContext| {
@@ -282,7 +281,10 @@ async fn pull_through_a_metadata_store() {
     // the name the side channel carries.
     let (dname, pname) = (name(&d.ranks[0].0), name(p.ctx(0)));
     assert_eq!(d.ranks[0].0.engine.segment_name(), dname);
-    for key in [format!("mooncake/ram/{dname}"), format!("mooncake/rpc_meta/{pname}")] {
+    for key in [
+        format!("mooncake/ram/{dname}"),
+        format!("mooncake/rpc_meta/{pname}"),
+    ] {
         let (status, body) = get(key.clone()).await;
         assert_eq!(status, 200, "{key}: {body}");
     }
@@ -290,7 +292,11 @@ async fn pull_through_a_metadata_store() {
     p.prefill("xfer-s", "p-s", &tokens, &[5, 6, 7, 8, 9, 10, 11, 12, 13]);
     let blocks = [30, 31, 32, 40, 41, 42, 43, 50, 51];
     let out = d
-        .pull(&p.bootstrap_url(), &p.engine_id, vec![req("d-s", "xfer-s", &blocks)])
+        .pull(
+            &p.bootstrap_url(),
+            &p.engine_id,
+            vec![req("d-s", "xfer-s", &blocks)],
+        )
         .await;
     all_ok(&out, &["d-s"]);
     assert_eq!(

@@ -47,6 +47,16 @@ fn main() {
             etcd_cluster_loses_a_member,
         ),
         needs("redis-server", "redis_ours_to_ours", redis_ours_to_ours),
+        needs(
+            "etcd",
+            "etcd_lease_removes_a_crashed_engines_keys",
+            etcd_lease_removes_a_crashed_engines_keys,
+        ),
+        needs(
+            "redis-server",
+            "redis_expiry_removes_a_crashed_engines_keys",
+            redis_expiry_removes_a_crashed_engines_keys,
+        ),
         Trial::test("http_ours_through_our_metadata_server", || {
             wrap(http_ours_through_our_metadata_server)
         }),
@@ -225,6 +235,87 @@ fn redis_ours_to_ours() {
         redis_db2_get(&redis, "mooncake/ram/r-target").1.is_none(),
         "removed at shutdown"
     );
+}
+
+/// Waits up to `within` for `gone()`; the time it took.
+fn until_gone(within: Duration, gone: impl Fn() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < within {
+        if gone() {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// A peer process publishes with a 2 s lease and is killed (SIGKILL: no
+/// destructor, no DELETE). Its keys vanish once the lease runs out, while
+/// a peer without a lease, killed the same way, leaves its keys behind
+/// (upstream's behaviour). Before the kill the keys outlive several TTLs:
+/// the engine keeps the lease alive.
+fn etcd_lease_removes_a_crashed_engines_keys() {
+    let etcd = Etcd::start(1).unwrap();
+    let conn = etcd.conn();
+    let leased = [
+        "--metadata",
+        &conn,
+        "--name",
+        "leased",
+        "--metadata-lease-secs",
+        "2",
+    ];
+    let mut with_lease = PeerProc::spawn_with(Kind::Ours, 1 << 20, 1, &leased);
+    let mut without = peer(Kind::Ours, &conn, "plain", 2);
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(etcd.get("mooncake/ram/leased").is_some(), "kept alive");
+    assert!(etcd.get("mooncake/rpc_meta/leased").is_some(), "kept alive");
+    with_lease.kill();
+    without.kill();
+    let gone = until_gone(Duration::from_secs(10), || {
+        etcd.get("mooncake/ram/leased").is_none() && etcd.get("mooncake/rpc_meta/leased").is_none()
+    });
+    assert!(gone.is_some(), "the leased keys outlived the lease");
+    assert!(etcd.get("mooncake/ram/plain").is_some());
+    assert!(etcd.get("mooncake/rpc_meta/plain").is_some());
+}
+
+/// As [`etcd_lease_removes_a_crashed_engines_keys`], with Redis expiry.
+fn redis_expiry_removes_a_crashed_engines_keys() {
+    let redis = Redis::start("pw-9").unwrap();
+    let url = redis.url();
+    let exists = |key: &str| redis.command(&["EXISTS", key]).unwrap().0 == ":1";
+    let args = |name: &'static str, lease: &'static str| {
+        let v: Vec<String> = [
+            "--metadata",
+            &url,
+            "--name",
+            name,
+            "--redis-password",
+            "pw-9",
+        ]
+        .into_iter()
+        .map(str::to_string)
+        .chain(["--metadata-lease-secs".to_string(), lease.to_string()])
+        .collect();
+        v
+    };
+    let spawn = |name: &'static str, lease: &'static str, seed: u64| {
+        let a = args(name, lease);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        PeerProc::spawn_with(Kind::Ours, 1 << 20, seed, &a)
+    };
+    let mut with_lease = spawn("leased", "2", 1);
+    let mut without = spawn("plain", "0", 2);
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(exists("mooncake/ram/leased"), "kept alive");
+    with_lease.kill();
+    without.kill();
+    let gone = until_gone(Duration::from_secs(10), || {
+        !exists("mooncake/ram/leased") && !exists("mooncake/rpc_meta/leased")
+    });
+    assert!(gone.is_some(), "the expiring keys outlived their TTL");
+    assert!(exists("mooncake/ram/plain") && exists("mooncake/rpc_meta/plain"));
 }
 
 fn redis_db2_get(redis: &Redis, key: &str) -> (String, Option<Vec<u8>>) {

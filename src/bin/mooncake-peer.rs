@@ -6,11 +6,14 @@
 //! ```text
 //! mooncake-peer [--size BYTES] [--seed N] [--local-host HOST]
 //!               [--progress-timeout-ms MS] [--same-host on|off]
-//!               [--metadata CONN --name SEGMENT]
+//!               [--metadata CONN --name SEGMENT [--metadata-lease-secs N]
+//!                [--redis-password PW]]
 //! ```
 //!
 //! With `--metadata` (a connection string: `etcd://...`, `redis://...`,
-//! `http://...`) the engine publishes itself as `SEGMENT` in that store.
+//! `http://...`) the engine publishes itself as `SEGMENT` in that store;
+//! with `--metadata-lease-secs` its keys live on an etcd lease or Redis
+//! expiry of N seconds that the engine keeps alive.
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::time::Duration;
@@ -27,6 +30,8 @@ struct Args {
     same_host: bool,
     metadata: Option<String>,
     name: Option<String>,
+    lease_secs: u64,
+    redis_password: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -38,6 +43,8 @@ fn parse_args() -> Result<Args, String> {
         same_host: true,
         metadata: None,
         name: None,
+        lease_secs: 0,
+        redis_password: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -48,6 +55,10 @@ fn parse_args() -> Result<Args, String> {
             "--local-host" => a.local_host = val()?,
             "--metadata" => a.metadata = Some(val()?),
             "--name" => a.name = Some(val()?),
+            "--redis-password" => a.redis_password = Some(val()?),
+            "--metadata-lease-secs" => {
+                a.lease_secs = val()?.parse().map_err(|_| "bad --metadata-lease-secs")?
+            }
             "--progress-timeout-ms" => {
                 a.progress_timeout_ms = val()?.parse().map_err(|_| "bad --progress-timeout-ms")?
             }
@@ -62,7 +73,8 @@ fn parse_args() -> Result<Args, String> {
                 return Err(
                     "usage: mooncake-peer [--size BYTES] [--seed N] [--local-host HOST] \
                             [--progress-timeout-ms MS] [--same-host on|off] \
-                            [--metadata CONN --name SEGMENT]"
+                            [--metadata CONN --name SEGMENT [--metadata-lease-secs N] \
+                            [--redis-password PW]]"
                         .into(),
                 )
             }
@@ -180,6 +192,12 @@ fn main() {
         builder = builder
             .metadata(metadata)
             .segment_name(args.name.clone().unwrap_or_default());
+        if let Some(pw) = &args.redis_password {
+            builder = builder.redis_auth(None, pw);
+        }
+        if args.lease_secs > 0 {
+            builder = builder.metadata_lease_ttl(Duration::from_secs(args.lease_secs));
+        }
     }
     let engine = builder.build().unwrap_or_else(|e| {
         eprintln!("mooncake-peer: cannot start the engine: {e}");

@@ -52,11 +52,15 @@ fn metadata_server_selects_a_store() {
         ))
     };
     assert_eq!(
-        parse("etcd://10.0.0.1:2379,10.0.0.2:2379").unwrap().metadata_server,
+        parse("etcd://10.0.0.1:2379,10.0.0.2:2379")
+            .unwrap()
+            .metadata_server,
         Metadata::Etcd(vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()])
     );
     assert_eq!(
-        parse("http://10.0.0.1:8080/metadata").unwrap().metadata_server,
+        parse("http://10.0.0.1:8080/metadata")
+            .unwrap()
+            .metadata_server,
         Metadata::Http("http://10.0.0.1:8080/metadata".into())
     );
     assert_eq!(
