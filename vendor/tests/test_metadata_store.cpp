@@ -137,6 +137,23 @@ TEST(metadata_store_connection_strings) {
     CHECK(error_of([&] { make_metadata_store("redis://h:1", db); }).empty());
 }
 
+// Names are resolved on a helper thread with a deadline (getaddrinfo has
+// none); numeric addresses in place. Only names /etc/hosts answers: no
+// test query leaves the machine.
+TEST(metadata_store_bounded_name_resolution) {
+    std::string err;
+    AddrList v4 = resolve_tcp("127.0.0.1", 2379, 1000, err);
+    REQUIRE(v4 != nullptr);
+    CHECK_EQ(v4->ai_family, AF_INET);
+    AddrList v6 = resolve_tcp("::1", 2379, 1000, err);
+    REQUIRE(v6 != nullptr);
+    CHECK_EQ(v6->ai_family, AF_INET6);
+    auto t0 = Clock::now();
+    AddrList named = resolve_tcp("localhost", 2379, 3000, err);
+    CHECK(named != nullptr);
+    CHECK(ms_since(t0) < 3500);
+}
+
 TEST(metadata_store_base64) {
     const char *plain[] = {"", "f", "fo", "foo", "foob", "fooba", "foobar"};
     const char *coded[] = {"", "Zg==", "Zm8=", "Zm9v", "Zm9vYg==", "Zm9vYmE=", "Zm9vYmFy"};

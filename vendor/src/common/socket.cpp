@@ -9,9 +9,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "common/error.h"
 #include "common/host_port.h"
@@ -216,26 +220,78 @@ static bool connect_one(const struct addrinfo *ai, int timeout_ms, Fd &out, std:
     return true;
 }
 
-Fd connect_tcp(const std::string &host, uint16_t port, int timeout_ms, int &err_code,
-               std::string &err) {
+void AddrInfoFree::operator()(struct addrinfo *a) const {
+    if (a) ::freeaddrinfo(a);
+}
+
+namespace {
+
+// What a resolver thread hands back; shared so that a caller that stopped
+// waiting leaves it to the thread.
+struct PendingLookup {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int gai = 0;
+    AddrList result;
+};
+
+}  // namespace
+
+AddrList resolve_tcp(const std::string &host, uint16_t port, int timeout_ms, std::string &err) {
     struct addrinfo hints;
     std::memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    const std::string port_s = std::to_string(port);
     struct addrinfo *res = nullptr;
-    std::string port_s = std::to_string(port);
-    int gai = ::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res);
-    if (gai != 0 || !res) {
+    if (::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res) == 0 && res) return AddrList(res);
+    hints.ai_flags = AI_NUMERICSERV;
+    auto lookup = std::make_shared<PendingLookup>();
+    try {
+        std::thread([lookup, host, port_s, hints] {
+            struct addrinfo *r = nullptr;
+            int gai = ::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &r);
+            AddrList found(r);
+            try {
+                std::lock_guard<std::mutex> lk(lookup->mu);
+                lookup->gai = gai;
+                lookup->result = std::move(found);
+                lookup->done = true;
+                lookup->cv.notify_all();
+            } catch (...) {
+                // A mutex that cannot be locked: the caller times out.
+            }
+        }).detach();
+    } catch (const std::exception &e) {
+        err = "cannot resolve '" + host + "': no thread for the lookup (" + e.what() + ")";
+        return AddrList();
+    }
+    std::unique_lock<std::mutex> lk(lookup->mu);
+    if (!lookup->cv.wait_for(lk, std::chrono::milliseconds(std::max(timeout_ms, 1)), [&] { return lookup->done; })) {
+        err = "cannot resolve '" + host + "': no answer from the resolver within " + std::to_string(timeout_ms) + " ms";
+        return AddrList();
+    }
+    if (lookup->gai != 0 || !lookup->result) {
+        err = "cannot resolve '" + host + "': " + gai_strerror(lookup->gai);
+        return AddrList();
+    }
+    return std::move(lookup->result);
+}
+
+Fd connect_tcp(const std::string &host, uint16_t port, int timeout_ms, int &err_code,
+               std::string &err) {
+    AddrList res = resolve_tcp(host, port, timeout_ms, err);
+    if (!res) {
         err_code = kErrDns;
-        err = "cannot resolve '" + host + "': " + gai_strerror(gai);
         return Fd();
     }
     Fd out;
     std::string last;
-    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    for (struct addrinfo *ai = res.get(); ai; ai = ai->ai_next) {
         if (connect_one(ai, timeout_ms, out, last)) break;
     }
-    ::freeaddrinfo(res);
     if (!out.valid()) {
         err_code = kErrSocket;
         err = "connect to " + join_host_port(host, port) + " failed: " + last;

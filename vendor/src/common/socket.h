@@ -3,10 +3,12 @@
 // turns into a Timeout result instead of a hang. SIGPIPE is never raised.
 #pragma once
 
+#include <netdb.h>
 #include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace mcrs {
@@ -62,6 +64,18 @@ IoResult recvv_all(int fd, struct iovec *iov, int iovcnt);
 void set_io_timeouts(int fd, int recv_timeout_ms, int send_timeout_ms);
 void set_nodelay(int fd);
 bool set_nonblocking(int fd, bool on);
+
+struct AddrInfoFree {
+    void operator()(struct addrinfo *a) const;
+};
+using AddrList = std::unique_ptr<struct addrinfo, AddrInfoFree>;
+
+// Resolves `host` for a TCP connection to `port` within `timeout_ms`.
+// Numeric addresses never leave the process; a name is looked up on a
+// helper thread (getaddrinfo has no timeout of its own), and when the
+// resolver does not answer in time the caller gets an error while the
+// thread finishes on its own. Null with `err` set on failure.
+AddrList resolve_tcp(const std::string &host, uint16_t port, int timeout_ms, std::string &err);
 
 // Resolves `host` and connects with a bounded non-blocking connect, then
 // returns a blocking socket with TCP_NODELAY. On failure returns an invalid

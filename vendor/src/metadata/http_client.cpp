@@ -127,25 +127,13 @@ Fd connect_until(const std::string &host, uint16_t port, uint32_t connect_timeou
         why = "no time left to connect";
         return Fd();
     }
-    struct addrinfo hints;
-    std::memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    struct addrinfo *res = nullptr;
-    std::string port_s = std::to_string(port);
-    // Name resolution is not bounded by the deadline (getaddrinfo has no
-    // timeout); numeric addresses never leave the process.
-    int gai = ::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res);
-    if (gai != 0 || !res) {
-        why = "cannot resolve '" + host + "': " + gai_strerror(gai);
-        return Fd();
-    }
+    AddrList res = resolve_tcp(host, port, budget_ms, why);
+    if (!res) return Fd();
     Fd out;
     bool was_cancelled = false;
-    for (struct addrinfo *ai = res; ai && !was_cancelled; ai = ai->ai_next) {
+    for (struct addrinfo *ai = res.get(); ai && !was_cancelled; ai = ai->ai_next) {
         if (connect_addr(ai, until, dl.cancel_fd, out, why, was_cancelled)) break;
     }
-    ::freeaddrinfo(res);
     if (!out.valid() && !was_cancelled && MdClock::now() >= until)
         why = "connect timed out after " + std::to_string(budget_ms) + " ms";
     return out;
