@@ -8,6 +8,9 @@
 #include "common/error.h"
 #include "engine_fixture.h"
 #include "gpu/gpu.h"
+#if MC_WITH_CUDA
+#include "gpu/gather_kernel.h"
+#endif
 #include "gpu_lane.h"
 #include "test_util.h"
 
@@ -134,6 +137,54 @@ TEST(gpu_gather_kernel_mixed_pieces) {
         CHECK_EQ(got[end], static_cast<char>(0x5A));
     }
 }
+
+#if MC_WITH_CUDA
+
+// The driver compiles and runs the gather kernel itself (a PTX it refused
+// would leave copy_many correct but one copy at a time, so the test above
+// cannot tell): pieces from 16 bytes to 1 MiB, shorter and longer than one
+// step of a block's threads; every byte lands and every gap keeps its
+// poison.
+TEST(gpu_gather_kernel_loads_and_copies) {
+    if (!gpu_lane("gpu_gather_kernel_loads_and_copies")) return;
+    const size_t n = 8u << 20;
+    DeviceBuf src(n), dst(n);
+    auto data = pattern(n, 5);
+    src.upload(data);
+    REQUIRE_EQ(mc_gpu_memset(0, dst.ptr, 0x5A, n), 0);
+    std::vector<void *> d;
+    std::vector<const void *> s;
+    std::vector<size_t> l;
+    size_t at = 0;
+    const size_t lens[] = {16, 496, 512, 528, 1536, 2048, 2064, 4096, 32768, 32784, 65552, 73728, 1u << 20};
+    for (size_t rep = 0; rep < 3; ++rep)
+        for (size_t len : lens) {
+            d.push_back(dst.at(at));
+            s.push_back(src.at(at));
+            l.push_back(len);
+            at += len + 16;
+        }
+    REQUIRE(at <= n);
+    cudaStream_t st = nullptr;
+    REQUIRE_EQ(int(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)), int(cudaSuccess));
+    CHECK_EQ(int(mcrs::gpu::launch_gather(st, 0, d.data(), s.data(), l.data(), d.size())), int(cudaSuccess));
+    CHECK_EQ(int(cudaStreamSynchronize(st)), int(cudaSuccess));
+    cudaStreamDestroy(st);
+    auto got = dst.download(0, n);
+    size_t end = 0;
+    bool bytes_ok = true, gaps_ok = true;
+    for (size_t i = 0; i < d.size(); ++i) {
+        const size_t off = static_cast<size_t>(static_cast<char *>(d[i]) - dst.at(0));
+        for (size_t g = end; g < off; ++g) gaps_ok = gaps_ok && got[g] == static_cast<char>(0x5A);
+        bytes_ok = bytes_ok && std::memcmp(got.data() + off, data.data() + off, l[i]) == 0;
+        end = off + l[i];
+    }
+    CHECK(bytes_ok);
+    CHECK(gaps_ok);
+    CHECK_EQ(got[end], static_cast<char>(0x5A));
+}
+
+#endif
 
 TEST(gpu_scattered_blocks_over_tcp_in_staged_batches) {
     if (!gpu_lane("gpu_scattered_blocks_over_tcp_in_staged_batches")) return;
