@@ -823,6 +823,17 @@ unsafe extern "C" {
         batch_id: u64,
         timeout_ms: i64,
     ) -> ::core::ffi::c_int;
+    pub fn mc_engine_event_fd(
+        engine: transfer_engine_t,
+        fd: *mut ::core::ffi::c_int,
+    ) -> ::core::ffi::c_int;
+    pub fn mc_engine_take_completions(
+        engine: transfer_engine_t,
+        ids: *mut u64,
+        cap: usize,
+        n: *mut usize,
+        overflowed: *mut ::core::ffi::c_int,
+    ) -> ::core::ffi::c_int;
     pub fn mc_batch_reset(engine: transfer_engine_t, batch_id: u64) -> ::core::ffi::c_int;
     pub fn mc_batch_status(
         engine: transfer_engine_t,

@@ -239,6 +239,23 @@ int mc_wait_region_idle(transfer_engine_t engine, void *addr, int64_t timeout_ms
  * timeout_ms < 0 waits forever. 0 when done, MC_ERR_TIMEOUT otherwise.
  * Tasks seen terminal count as observed (for freeBatchID). */
 int mc_batch_wait(transfer_engine_t engine, batch_id_t batch_id, int64_t timeout_ms);
+/* Readiness for async callers, without polling. The first call turns it on
+ * (blocking callers never pay for it) and returns an eventfd that the engine
+ * owns (non-blocking, close-on-exec; do not close it; valid until the
+ * engine is destroyed). It is readable once a batch's submitted tasks have
+ * all finished, or a notification arrived, since the caller last took the
+ * completions. Read it (8 bytes), then call mc_engine_take_completions,
+ * then drain notifications: another order can miss an event. */
+int mc_engine_event_fd(transfer_engine_t engine, int *fd);
+/* Moves up to `cap` ids of batches that finished since the last call
+ * (oldest first; only while the event fd is on) into `ids`; *n = how many.
+ * *overflowed = 1 when ids were dropped (more than 65,536 waiting): check
+ * every batch you wait for. A listed batch may have had tasks submitted
+ * after it finished, and a batch finishes once per submit at most: confirm
+ * with mc_batch_wait(engine, id, 0), which also sends its notify. While ids
+ * remain (cap was smaller), the fd stays readable. */
+int mc_engine_take_completions(transfer_engine_t engine, batch_id_t *ids, size_t cap, size_t *n,
+                               int *overflowed);
 /* Empties a batch for reuse (same id, same capacity) once every submitted
  * task has been seen terminal (after mc_batch_wait or statuses). Returns
  * MC_STATUS_OK, or MC_STATUS_BATCH_BUSY / MC_STATUS_INVALID_ARGUMENT like

@@ -191,6 +191,28 @@ int mc_engine_ports(transfer_engine_t engine, uint16_t *rpc_port, uint16_t *tcp_
     });
 }
 
+int mc_engine_event_fd(transfer_engine_t engine, int *fd) {
+    return guard_errcode("mc_engine_event_fd", [&] {
+        TransferEngine *e = engine_of(engine, "mc_engine_event_fd");
+        if (!fd) throw Error(kErrInvalidArgument, "fd pointer is null");
+        *fd = e->event_fd();
+        return 0;
+    });
+}
+
+int mc_engine_take_completions(transfer_engine_t engine, batch_id_t *ids, size_t cap, size_t *n,
+                               int *overflowed) {
+    return guard_errcode("mc_engine_take_completions", [&] {
+        TransferEngine *e = engine_of(engine, "mc_engine_take_completions");
+        if (!n || !overflowed) throw Error(kErrInvalidArgument, "n or overflowed pointer is null");
+        if (!ids && cap > 0) throw Error(kErrInvalidArgument, "ids is null with cap > 0");
+        bool over = false;
+        *n = e->take_completions(ids, cap, over);
+        *overflowed = over ? 1 : 0;
+        return 0;
+    });
+}
+
 int mc_engine_gpu_registration_mode(transfer_engine_t engine, int32_t *mode) {
     return guard_errcode("mc_engine_gpu_registration_mode", [&] {
         TransferEngine *e = engine_of(engine, "mc_engine_gpu_registration_mode");

@@ -4,8 +4,8 @@
 
 namespace mcrs {
 
-Batch::Batch(uint64_t id, size_t capacity)
-    : id_(id), capacity_(capacity), tasks_(new Task[capacity]) {}
+Batch::Batch(uint64_t id, size_t capacity, std::shared_ptr<CompletionQueue> completions)
+    : id_(id), capacity_(capacity), tasks_(new Task[capacity]), completions_(std::move(completions)) {}
 
 std::optional<size_t> Batch::reserve(size_t n) {
     std::lock_guard<std::mutex> g(mu_);
@@ -18,8 +18,11 @@ std::optional<size_t> Batch::reserve(size_t n) {
 void Batch::finish_one() {
     size_t done = finished_.fetch_add(1, std::memory_order_acq_rel) + 1;
     if (done == submitted_.load(std::memory_order_acquire)) {
-        std::lock_guard<std::mutex> g(mu_);
-        cv_.notify_all();
+        {
+            std::lock_guard<std::mutex> g(mu_);
+            cv_.notify_all();
+        }
+        if (completions_) completions_->batch_finished(id_);
     }
 }
 
@@ -110,7 +113,7 @@ std::optional<PendingNotify> Batch::take_notify_if_complete() {
 std::shared_ptr<Batch> BatchTable::create(size_t capacity) {
     std::unique_lock<std::shared_mutex> g(mu_);
     uint64_t id = next_id_++;
-    auto b = std::make_shared<Batch>(id, capacity);
+    auto b = std::make_shared<Batch>(id, capacity, completions_);
     batches_.emplace(id, b);
     return b;
 }

@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/completion_queue.h"
+
 namespace mcrs {
 
 enum TaskStatus : int {
@@ -47,7 +49,9 @@ struct PendingNotify {
 
 class Batch {
 public:
-    Batch(uint64_t id, size_t capacity);
+    // `completions` (may be null) hears when every submitted task has
+    // finished.
+    Batch(uint64_t id, size_t capacity, std::shared_ptr<CompletionQueue> completions = nullptr);
 
     uint64_t id() const { return id_; }
     size_t capacity() const { return capacity_; }
@@ -91,6 +95,7 @@ private:
     std::mutex mu_;  // reserve, notify, and the wait condition
     std::condition_variable cv_;
     std::optional<PendingNotify> notify_;
+    std::shared_ptr<CompletionQueue> completions_;
 };
 
 class BatchTable {
@@ -102,8 +107,11 @@ public:
     bool erase_if_idle(uint64_t id, bool &found);
     std::vector<std::shared_ptr<Batch>> all() const;
     void clear();
+    // Where this table's batches report that they finished.
+    CompletionQueue &completions() { return *completions_; }
 
 private:
+    std::shared_ptr<CompletionQueue> completions_ = std::make_shared<CompletionQueue>();
     mutable std::shared_mutex mu_;
     std::unordered_map<uint64_t, std::shared_ptr<Batch>> batches_;
     uint64_t next_id_ = 1;

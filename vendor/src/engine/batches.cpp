@@ -339,6 +339,13 @@ std::string TransferEngine::task_error(uint64_t batch_id, size_t task) {
     return t.error;
 }
 
+int TransferEngine::event_fd() {
+    std::string err;
+    int fd = batches_.completions().enable(err);
+    if (fd < 0) throw Error(kErrContext, "cannot create the engine's event fd: " + err);
+    return fd;
+}
+
 bool TransferEngine::wait_batch(uint64_t batch_id, int64_t timeout_ms) {
     auto b = batch_or_throw(batch_id);
     bool done = b->wait(timeout_ms);

@@ -320,6 +320,7 @@ bool TransferEngine::handle_handshake(uint8_t type, const Json &req, Json &reply
             Notification n{json_string_or(req, "name", ""), json_string_or(req, "notify_msg", "")};
             NotifyQueue::Push r = notifies_.push(std::move(n));
             const bool ok = r == NotifyQueue::Push::Ok;
+            if (ok) batches_.completions().signal();
             uint64_t skipped = 0;
             if (!ok && notify_log_.should_log(skipped))
                 MC_LOG(Warn, (r == NotifyQueue::Push::TooLarge

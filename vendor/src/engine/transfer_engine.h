@@ -133,6 +133,13 @@ public:
     // kStatusBatchBusy otherwise).
     void reset_batch(uint64_t batch_id);
 
+    // Async readiness (core/completion_queue.h): the eventfd, created and
+    // turned on by the first call, and the ids of batches that finished.
+    int event_fd();
+    size_t take_completions(uint64_t *ids, size_t cap, bool &overflowed) {
+        return batches_.completions().take(ids, cap, overflowed);
+    }
+
     // Notifications.
     std::vector<Notification> drain_notifications();
     void send_notify(int32_t segment_id, const std::string &name, const std::string &msg);
