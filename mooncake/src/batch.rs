@@ -375,30 +375,7 @@ impl<'r> Batch<'r> {
             .batch_status(self.id, &mut self.statuses[..self.submitted])?;
         let total = total.min(self.submitted);
         self.fresh = true;
-        let mut failed = 0usize;
-        let mut first = None;
-        for (i, st) in self.statuses[..total].iter().enumerate() {
-            if TaskStatus::from_raw(st.status) != TaskStatus::Completed {
-                failed += 1;
-                first.get_or_insert(i);
-            }
-        }
-        match first {
-            None => Ok(()),
-            Some(task) => {
-                let message = self
-                    .engine
-                    .raw
-                    .transfer_error(self.id, task)
-                    .unwrap_or_else(|e| format!("(reason unavailable: {e})"));
-                Err(Error::Transfer {
-                    failed,
-                    total,
-                    first_task: task,
-                    message,
-                })
-            }
-        }
+        outcome(&self.engine.raw, self.id, &self.statuses[..total])
     }
 
     /// Status of request `index` (in submission order) as of now.
@@ -477,6 +454,37 @@ impl<'r> Batch<'r> {
     }
 }
 
+/// `Ok` when every request of `statuses` (all terminal) completed, else
+/// [`Error::Transfer`] with the count and the first failure's reason.
+pub(crate) fn outcome(
+    raw: &crate::ffi::RawEngine,
+    id: u64,
+    statuses: &[sys::transfer_status],
+) -> Result<()> {
+    let mut failed = 0usize;
+    let mut first = None;
+    for (i, st) in statuses.iter().enumerate() {
+        if TaskStatus::from_raw(st.status) != TaskStatus::Completed {
+            failed += 1;
+            first.get_or_insert(i);
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(task) => {
+            let message = raw
+                .transfer_error(id, task)
+                .unwrap_or_else(|e| format!("(reason unavailable: {e})"));
+            Err(Error::Transfer {
+                failed,
+                total: statuses.len(),
+                first_task: task,
+                message,
+            })
+        }
+    }
+}
+
 /// The statuses of a batch's submitted requests, in submission order, as
 /// read by [`Batch::statuses`].
 #[derive(Debug, Clone, Copy)]
@@ -485,6 +493,10 @@ pub struct Statuses<'b> {
 }
 
 impl<'b> Statuses<'b> {
+    pub(crate) fn new(raw: &'b [sys::transfer_status]) -> Self {
+        Self { raw }
+    }
+
     /// Requests covered.
     pub fn len(&self) -> usize {
         self.raw.len()

@@ -312,6 +312,22 @@ impl Engine {
     pub fn notifications(&self) -> Result<Vec<Notification>> {
         self.shared.raw.drain_notifications()
     }
+
+    /// A batch of up to `capacity` requests for async code: it shares
+    /// ownership of the memory it uses, and its completion is a future (see
+    /// [`AsyncBatch`](crate::AsyncBatch)). The first async use of an engine
+    /// starts its reactor thread.
+    #[cfg(feature = "async")]
+    pub fn async_batch(&self, capacity: usize) -> Result<crate::AsyncBatch> {
+        crate::async_batch::AsyncBatch::new(self.shared.clone(), capacity)
+    }
+
+    /// The notifications peers send to this engine, as a stream (see
+    /// [`NotificationStream`](crate::NotificationStream)).
+    #[cfg(feature = "async")]
+    pub fn notification_stream(&self) -> Result<crate::NotificationStream> {
+        crate::notify_stream::NotificationStream::new(self.shared.clone())
+    }
 }
 
 impl EngineBuilder {

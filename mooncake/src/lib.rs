@@ -79,6 +79,46 @@
 //! # }
 //! ```
 //!
+//! # Async
+//!
+//! With the `async` feature (on by default), a batch's completion is a
+//! future and notifications are a stream, for any executor (tokio,
+//! smol, `futures::executor`). The rules differ from the blocking
+//! [`Batch`] in one way: an [`AsyncBatch`] takes its local memory as an
+//! [`Arc`](std::sync::Arc) and keeps a clone until every transfer that uses
+//! it has ended, because a future can be dropped (a timeout, a cancelled
+//! task) while the engine still moves bytes. Dropping the future does not
+//! stop the transfers; dropping the batch while they run hands it and its
+//! memory to the engine's reactor, which lets go of both when they end.
+//! Completions are not polled: one reactor thread per engine waits on the
+//! engine's eventfd and wakes exactly the futures whose batches finished.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use mooncake::{Access, Engine, LocalMemory};
+//!
+//! # fn main() -> mooncake::Result<()> {
+//! # futures::executor::block_on(async {
+//! let target = Engine::builder().build()?;
+//! let initiator = Engine::builder().build()?;
+//! let published = target.register(vec![3u8; 4096], "*", Access::RemoteAccessible)?;
+//! let peer = initiator.open_segment(target.segment_name())?;
+//! let local = Arc::new(initiator.register(vec![0u8; 4096], "*", Access::LocalOnly)?);
+//!
+//! let mut batch = initiator.async_batch(1)?;
+//! batch.read(&local, 0, &peer, published.addr(), 4096)?;
+//! batch.run().await?; // no thread waits: the reactor wakes this task
+//! drop(batch); // the batch's clone of `local` goes with it
+//! assert!(local.to_vec().iter().all(|b| *b == 3));
+//!
+//! let mut incoming = target.notification_stream()?;
+//! peer.notify("req-1", "done")?;
+//! assert_eq!(incoming.recv().await?.message, "done");
+//! # Ok(())
+//! # })
+//! # }
+//! ```
+//!
 //! # GPU memory
 //!
 //! With the `cuda12` or `cuda13` feature, device memory ([`gpu::DeviceBuffer`]
@@ -101,6 +141,8 @@ compile_error!(
     "mooncake: the `cudarc` feature registers GPU memory and needs `cuda12` or `cuda13` as well"
 );
 
+#[cfg(feature = "async")]
+mod async_batch;
 mod batch;
 mod config;
 mod engine;
@@ -111,10 +153,16 @@ pub mod gpu;
 mod layering;
 mod memory;
 mod notify;
+#[cfg(feature = "async")]
+mod notify_stream;
 pub mod rdma;
+#[cfg(feature = "async")]
+mod reactor;
 mod segment;
 mod shared;
 
+#[cfg(feature = "async")]
+pub use async_batch::{AsyncBatch, Completion};
 pub use batch::{Batch, Opcode, Statuses, TaskStatus};
 pub use config::{EngineBuilder, GpuRegistration, Metadata, Protocol, TcpVersion};
 pub use engine::{Engine, EngineCounters};
@@ -125,6 +173,8 @@ pub use memory::{
 };
 pub use mooncake_sys as sys;
 pub use notify::Notification;
+#[cfg(feature = "async")]
+pub use notify_stream::NotificationStream;
 pub use rdma::{
     LinkLayer, NicCounters, NicLoad, NicPreference, RdmaCounters, RdmaDevice, RdmaTopology,
 };

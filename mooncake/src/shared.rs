@@ -18,6 +18,11 @@ pub(crate) struct EngineShared {
     pub(crate) tcp_data_port: u16,
     /// Why [`Protocol::Auto`](crate::Protocol::Auto) fell back to TCP.
     pub(crate) rdma_unavailable: Option<String>,
+    /// The async reactor, started by the first async use.
+    #[cfg(feature = "async")]
+    reactor: std::sync::OnceLock<crate::reactor::Reactor>,
+    #[cfg(feature = "async")]
+    reactor_start: std::sync::Mutex<()>,
 }
 
 impl EngineShared {
@@ -30,6 +35,24 @@ impl EngineShared {
             rpc_port,
             tcp_data_port,
             rdma_unavailable,
+            #[cfg(feature = "async")]
+            reactor: std::sync::OnceLock::new(),
+            #[cfg(feature = "async")]
+            reactor_start: std::sync::Mutex::new(()),
         }))
+    }
+
+    /// The engine's async reactor, started on first use.
+    #[cfg(feature = "async")]
+    pub(crate) fn reactor(&self) -> Result<&crate::reactor::Reactor> {
+        if let Some(r) = self.reactor.get() {
+            return Ok(r);
+        }
+        let _one_at_a_time = self.reactor_start.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = self.reactor.get() {
+            return Ok(r);
+        }
+        let r = crate::reactor::Reactor::start(&self.raw)?;
+        Ok(self.reactor.get_or_init(|| r))
     }
 }

@@ -19,3 +19,12 @@ fn handles_cross_threads() {
     send::<HostBuffer>();
     sync::<HostBuffer>();
 }
+
+/// Async futures must be `Send` to run on a work-stealing runtime.
+#[cfg(feature = "async")]
+#[test]
+fn async_handles_cross_threads() {
+    send::<mooncake::AsyncBatch>();
+    send::<mooncake::Completion<'static>>();
+    send::<mooncake::NotificationStream>();
+}

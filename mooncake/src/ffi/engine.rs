@@ -395,6 +395,35 @@ impl RawEngine {
         }
     }
 
+    /// The engine's readiness eventfd (owned by the engine, valid until it
+    /// is destroyed), turned on by the first call.
+    #[cfg(feature = "async")]
+    pub(crate) fn event_fd(&self) -> Result<std::os::fd::RawFd> {
+        let mut fd: c_int = -1;
+        // SAFETY: `fd` is a valid out-pointer.
+        check(unsafe { sys::mc_engine_event_fd(self.handle(), &mut fd) })?;
+        Ok(fd)
+    }
+
+    /// Moves ids of finished batches into `ids`; returns how many, and
+    /// whether ids were dropped (re-check every batch waited for).
+    #[cfg(feature = "async")]
+    pub(crate) fn take_completions(&self, ids: &mut [u64]) -> Result<(usize, bool)> {
+        let (mut n, mut overflowed) = (0usize, 0 as c_int);
+        // SAFETY: `ids` is writable for `ids.len()` entries; both
+        // out-pointers are valid.
+        check(unsafe {
+            sys::mc_engine_take_completions(
+                self.handle(),
+                ids.as_mut_ptr(),
+                ids.len(),
+                &mut n,
+                &mut overflowed,
+            )
+        })?;
+        Ok((n.min(ids.len()), overflowed != 0))
+    }
+
     /// Fills `out` with the first `out.len()` task statuses; returns the
     /// number of tasks submitted.
     pub(crate) fn batch_status(

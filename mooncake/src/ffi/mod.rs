@@ -17,6 +17,8 @@ mod gpu;
 mod host_alloc;
 mod log;
 mod memory;
+#[cfg(feature = "async")]
+mod poll;
 
 pub(crate) use engine::{engine_version, OwnedCString, RawEngine, RequestBuf};
 pub(crate) use env::env_overrides;
@@ -26,6 +28,8 @@ pub(crate) use log::install_log_sink;
 pub(crate) use memory::{device_copy_in, device_copy_out};
 pub(crate) use memory::{BorrowedRegion, OwnedRegion};
 pub use memory::{RegisterableMemory, RegisteredRegion};
+#[cfg(feature = "async")]
+pub(crate) use poll::{drain_eventfd, wait_either, EventFd};
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,195 @@
+//! The async API on tokio: batches whose completion is a future, woken by
+//! the engine's reactor; futures dropped mid-flight (the memory stays held
+//! until the transfers end); notifications as a stream. Two engines in one
+//! process over TCP on 127.0.0.1, every byte checked.
+#![cfg(feature = "async")]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{engine, first_mismatch, patterned};
+use futures::StreamExt;
+use mooncake::{Access, Error, HostBuffer, LocalMemory, TaskStatus};
+
+const MIB: usize = 1 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_concurrent_reads_complete_and_verify() {
+    let target = engine();
+    let init = engine();
+    let size = 8 * MIB;
+    let published = target
+        .register(patterned(size, 3), "*", Access::RemoteAccessible)
+        .unwrap();
+    let seg = Arc::new(init.open_segment(target.segment_name()).unwrap());
+    let local = Arc::new(
+        init.register(HostBuffer::new(size).unwrap(), "*", Access::LocalOnly)
+            .unwrap(),
+    );
+    let base = published.addr();
+    let blocks = size / 4096;
+    let mut tasks = Vec::new();
+    for b in 0..blocks {
+        let (init, seg, local) = (init.clone(), seg.clone(), local.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut batch = init.async_batch(1)?;
+            let off = b * 4096;
+            batch.read(&local, off, &seg, base + off as u64, 4096)?;
+            batch.run().await?;
+            assert_eq!(batch.statuses()?.get(0), Some(TaskStatus::Completed));
+            Ok::<_, Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let local = Arc::try_unwrap(local).expect("every batch let go of the memory");
+    assert_eq!(first_mismatch(&local.to_vec(), 3, 0), None);
+}
+
+/// A future dropped while its transfer runs, and its batch with it: the
+/// transfer goes on, the memory stays held (by the reactor) until it ends,
+/// then is let go; the bytes that arrive are the right ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_future_and_batch_hold_memory_until_the_transfer_ends() {
+    let target = engine();
+    let init = engine();
+    let size = 64 * MIB;
+    let published = target
+        .register(patterned(size, 5), "*", Access::RemoteAccessible)
+        .unwrap();
+    let seg = init.open_segment(target.segment_name()).unwrap();
+    let local = Arc::new(
+        init.register(HostBuffer::new(size).unwrap(), "*", Access::LocalOnly)
+            .unwrap(),
+    );
+    let mut batch = init.async_batch(1).unwrap();
+    batch.read(&local, 0, &seg, published.addr(), size).unwrap();
+    {
+        let fut = batch.run();
+        drop(fut); // before its first poll: the READ is already under way
+    }
+    drop(batch);
+    let t0 = Instant::now();
+    let mut held_while_running = false;
+    while Arc::strong_count(&local) > 1 {
+        held_while_running = true;
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the reactor never let go of the memory"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // On a fast machine the 64 MiB READ may end before the first check;
+    // either way nothing was let go early:
+    let local = Arc::try_unwrap(local).expect("let go");
+    assert_eq!(first_mismatch(&local.to_vec(), 5, 0), None);
+    eprintln!("memory held by the reactor after the drop: {held_while_running}");
+}
+
+/// A timeout drops the future; awaiting `run` again (nothing new queued)
+/// learns how the transfers ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_then_await_again() {
+    let target = engine();
+    let init = engine();
+    let size = 64 * MIB;
+    let published = target
+        .register(patterned(size, 7), "*", Access::RemoteAccessible)
+        .unwrap();
+    let seg = init.open_segment(target.segment_name()).unwrap();
+    let local = Arc::new(
+        init.register(HostBuffer::new(size).unwrap(), "*", Access::LocalOnly)
+            .unwrap(),
+    );
+    let mut batch = init.async_batch(4).unwrap();
+    for i in 0..4 {
+        let q = size / 4;
+        batch
+            .read(&local, i * q, &seg, published.addr() + (i * q) as u64, q)
+            .unwrap();
+    }
+    let first = tokio::time::timeout(Duration::from_micros(1), batch.run()).await;
+    if first.is_ok() {
+        eprintln!("the reads finished within 1 µs of their first poll");
+    }
+    batch.run().await.unwrap();
+    assert!(batch
+        .statuses()
+        .unwrap()
+        .iter()
+        .all(|s| s == TaskStatus::Completed));
+    batch.reset().unwrap();
+    drop(batch);
+    let local = Arc::try_unwrap(local).expect("reset let go");
+    assert_eq!(first_mismatch(&local.to_vec(), 7, 0), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_request_is_a_transfer_error_naming_it() {
+    let target = engine();
+    let init = engine();
+    let published = target
+        .register(vec![1u8; 8192], "*", Access::RemoteAccessible)
+        .unwrap();
+    let seg = init.open_segment(target.segment_name()).unwrap();
+    let local = Arc::new(
+        init.register(vec![0u8; 8192], "*", Access::LocalOnly)
+            .unwrap(),
+    );
+    let mut batch = init.async_batch(2).unwrap();
+    batch.read(&local, 0, &seg, published.addr(), 4096).unwrap();
+    // Past the end of the peer's buffer.
+    batch
+        .read(&local, 4096, &seg, published.addr() + 8192, 4096)
+        .unwrap();
+    match batch.run().await {
+        Err(Error::Transfer {
+            failed: 1,
+            total: 2,
+            first_task: 1,
+            message,
+        }) => assert!(!message.is_empty()),
+        other => panic!("expected a transfer error, got {other:?}"),
+    }
+    assert!(batch.reset().is_ok());
+    // Memory of another engine, and a full batch, are refused up front.
+    let other = engine();
+    let foreign = Arc::new(
+        other
+            .register(vec![0u8; 64], "*", Access::LocalOnly)
+            .unwrap(),
+    );
+    let e = batch
+        .read(&foreign, 0, &seg, published.addr(), 64)
+        .unwrap_err();
+    assert!(e.to_string().contains("another engine"), "{e}");
+    let mut one = init.async_batch(1).unwrap();
+    one.read(&local, 0, &seg, published.addr(), 64).unwrap();
+    assert!(one.read(&local, 64, &seg, published.addr(), 64).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_arrive_as_a_stream_in_order() {
+    let decode = engine();
+    let prefill = engine();
+    let mut stream = decode.notification_stream().unwrap();
+    let waiter = tokio::spawn(async move {
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            got.push(stream.next().await.unwrap().unwrap().message);
+        }
+        got
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let peer = prefill.open_segment(decode.segment_name()).unwrap();
+    for m in ["one", "two", "three"] {
+        peer.notify("req", m).unwrap();
+    }
+    let got = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the stream was woken")
+        .unwrap();
+    assert_eq!(got, ["one", "two", "three"]);
+}
