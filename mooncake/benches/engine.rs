@@ -495,6 +495,42 @@ fn register_1gib(c: &mut Criterion) {
     g.finish();
 }
 
+/// One READ of 4 KiB or 1 MiB over TCP, submitted and waited for: the
+/// blocking `Batch::wait` against the future of an `AsyncBatch` (woken by
+/// the engine's reactor thread), same engines, same request. The time is
+/// the round's, so the difference is what the future's path adds.
+#[cfg(feature = "async")]
+fn completion_latency(c: &mut Criterion) {
+    use std::sync::Arc;
+    let mut g = c.benchmark_group("completion_latency");
+    for &size in &[4 * KIB, MIB] {
+        let p = Pair::new(false, size);
+        let label = if size == MIB { "1m" } else { "4k" };
+        let mut b = p.init.batch(1).unwrap();
+        g.bench_function(BenchmarkId::new("blocking", label), |bench| {
+            bench.iter(|| round(&mut b, &p.local, &p.seg, p.base, 1, size))
+        });
+        drop(b);
+        let local = Arc::new(
+            p.init
+                .register(HostBuffer::new(size).unwrap(), "*", Access::LocalOnly)
+                .unwrap(),
+        );
+        let mut ab = p.init.async_batch(1).unwrap();
+        g.bench_function(BenchmarkId::new("async", label), |bench| {
+            bench.iter(|| {
+                ab.read(&local, 0, &p.seg, p.base, size).unwrap();
+                futures::executor::block_on(ab.run()).unwrap();
+                ab.reset().unwrap();
+            })
+        });
+    }
+    g.finish();
+}
+
+#[cfg(not(feature = "async"))]
+fn completion_latency(_: &mut Criterion) {}
+
 fn config() -> Criterion {
     Criterion::default()
         .warm_up_time(Duration::from_millis(300))
@@ -514,6 +550,6 @@ criterion_group! {
 criterion_group! {
     name = benches;
     config = config();
-    targets = submit_overhead, tcp_block_size, tcp_batch_size, same_host_block_size, batch_descriptors, register_1gib
+    targets = submit_overhead, tcp_block_size, tcp_batch_size, same_host_block_size, batch_descriptors, register_1gib, completion_latency
 }
 criterion_main!(cpu, benches);
