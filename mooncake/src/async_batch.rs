@@ -65,6 +65,9 @@ pub struct AsyncBatch {
     statuses: Vec<sys::transfer_status>,
     /// Submitted requests may still be running.
     in_flight: bool,
+    /// `statuses[..submitted]` hold the terminal values read when the last
+    /// run completed: status queries answer from here.
+    fresh: bool,
 }
 
 impl std::fmt::Debug for AsyncBatch {
@@ -93,6 +96,7 @@ impl AsyncBatch {
             keep: Vec::new(),
             statuses: vec![sys::transfer_status::default(); capacity],
             in_flight: false,
+            fresh: false,
         })
     }
 
@@ -212,6 +216,7 @@ impl AsyncBatch {
         self.queued.0.clear();
         self.submitted += n;
         self.in_flight = true;
+        self.fresh = false;
         Ok(())
     }
 
@@ -239,14 +244,16 @@ impl AsyncBatch {
             self.engine.raw.reset_batch(self.id)?;
         }
         self.submitted = 0;
+        self.fresh = false;
         self.queued.0.clear();
         self.keep.clear();
         Ok(())
     }
 
-    /// Every submitted request's status, read in one pass.
+    /// Every submitted request's status, read in one pass (none at all once
+    /// a completed run has read them).
     pub fn statuses(&mut self) -> Result<Statuses<'_>> {
-        if self.submitted > 0 {
+        if self.submitted > 0 && !self.fresh {
             self.engine
                 .raw
                 .batch_status(self.id, &mut self.statuses[..self.submitted])?;
@@ -265,6 +272,7 @@ impl AsyncBatch {
             .raw
             .batch_status(self.id, &mut self.statuses[..self.submitted])?
             .min(self.submitted);
+        self.fresh = total == self.submitted;
         outcome(&self.engine.raw, self.id, &self.statuses[..total])
     }
 }

@@ -1,9 +1,9 @@
-//! Writing ready requests into a decoder's memory: descriptors, one batch
-//! on the writer pool, per-request outcome.
+//! Writing ready requests into a decoder's memory: descriptors, one async
+//! batch per message (at most `num_workers` at once), per-request outcome.
 use std::sync::Arc;
 use std::time::Instant;
 
-use mooncake::{Error as EngineError, LocalMemory, TaskStatus};
+use mooncake::{Error as EngineError, LocalMemory, RemoteSegment, TaskStatus};
 
 use super::pull::ReadyReq;
 use super::vet::MessagePlan;
@@ -18,8 +18,8 @@ type BatchResult = Result<Vec<Result<(), String>>, String>;
 /// A request and the range of its descriptors in the batch.
 type Span = (ReadyReq, std::ops::Range<usize>);
 
-/// Writes the ready requests of one message into the decoder, in one batch
-/// on the writer pool. Returns (ok d_req_ids, failed (d_req_id, why)).
+/// Writes the ready requests of one message into the decoder, in one async
+/// batch. Returns (ok d_req_ids, failed (d_req_id, why)).
 pub(super) async fn write_ready(
     inner: &Arc<Inner>,
     session: &str,
@@ -100,29 +100,44 @@ fn batch_descriptors(
     (descs, spans)
 }
 
-/// Runs the batch WRITE of `descs` on the writer pool (a blocking task,
-/// once a writer permit is free).
+/// Runs the batch WRITE of `descs` once a writer permit is free
+/// (`num_workers` batches at once). The transfer is an async batch: no
+/// thread waits for it, the engine's reactor wakes this task.
 async fn write_on_pool(
     inner: &Arc<Inner>,
     session: &str,
     descs: Arc<Vec<Descriptor>>,
 ) -> BatchResult {
-    let permit = inner
+    let _permit = inner
         .writers
         .clone()
         .acquire_owned()
         .await
-        .expect("semaphore open");
-    let job = {
-        let inner = inner.clone();
-        let session = session.to_string();
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            run_batch(&inner, &session, &descs)
-        })
+        .map_err(|_| "the producer is shutting down".to_string())?;
+    let seg = decoder_segment(inner, session).await?;
+    run_batch(inner, &seg, &descs).await
+}
+
+/// The decoder's segment, opened once per session and cached. Opening is a
+/// handshake with the decoder (blocking, bounded by the handshake
+/// timeouts): the first one per session runs on the blocking pool.
+async fn decoder_segment(inner: &Arc<Inner>, session: &str) -> Result<RemoteSegment, String> {
+    if let Some(s) = inner.sessions.lock().unwrap().get(session).cloned() {
+        return Ok(s);
+    }
+    let opened = {
+        let (ctx, name) = (inner.ctx.clone(), session.to_string());
+        tokio::task::spawn_blocking(move || ctx.engine.open_segment(&name))
+            .await
+            .map_err(|e| format!("opening decoder segment {session} panicked: {e}"))?
+            .map_err(|e| format!("cannot open decoder segment {session}: {e}"))?
     };
-    job.await
-        .unwrap_or_else(|e| Err(format!("writer task panicked: {e}")))
+    inner
+        .sessions
+        .lock()
+        .unwrap()
+        .insert(session.to_string(), opened.clone());
+    Ok(opened)
 }
 
 /// One request's outcome: Ok when every descriptor in its `span` was
@@ -137,31 +152,20 @@ fn span_outcome(result: &BatchResult, mut span: std::ops::Range<usize>) -> Resul
     }
 }
 
-/// One blocking batch WRITE of `descs` to the decoder's segment `session`:
-/// per descriptor, Ok or the engine's reason.
-pub(super) fn run_batch(inner: &Inner, session: &str, descs: &[Descriptor]) -> BatchResult {
+/// One batch WRITE of `descs` to the decoder's segment `seg`: per
+/// descriptor, Ok or the engine's reason.
+pub(super) async fn run_batch(
+    inner: &Inner,
+    seg: &RemoteSegment,
+    descs: &[Descriptor],
+) -> BatchResult {
     let ctx = &inner.ctx;
-    let seg = {
-        let cached = inner.sessions.lock().unwrap().get(session).cloned();
-        match cached {
-            Some(s) => s,
-            None => {
-                let s = ctx
-                    .engine
-                    .open_segment(session)
-                    .map_err(|e| format!("cannot open decoder segment {session}: {e}"))?;
-                inner
-                    .sessions
-                    .lock()
-                    .unwrap()
-                    .insert(session.to_string(), s.clone());
-                s
-            }
-        }
-    };
-    let kv = &*ctx.kv;
+    let kv = &ctx.kv;
     let base = kv.addr();
-    let mut batch = ctx.engine.batch(descs.len()).map_err(|e| e.to_string())?;
+    let mut batch = ctx
+        .engine
+        .async_batch(descs.len())
+        .map_err(|e| e.to_string())?;
     for d in descs {
         let off = d
             .src
@@ -174,17 +178,14 @@ pub(super) fn run_batch(inner: &Inner, session: &str, descs: &[Descriptor]) -> B
                 )
             })?;
         batch
-            .write(kv, off as usize, &seg, d.dst, d.len as usize)
+            .write(kv, off as usize, seg, d.dst, d.len as usize)
             .map_err(|e| e.to_string())?;
     }
-    batch
-        .submit()
-        .map_err(|e| format!("Mooncake transfer engine refused the batch: {e}"))?;
-    match batch.wait(None) {
+    match batch.run().await {
         Ok(()) | Err(EngineError::Transfer { .. }) => {}
         Err(e) => return Err(format!("Mooncake transfer engine returned {e}")),
     }
-    // One pass over the statuses (the wait above already read them all).
+    // One pass over the statuses.
     let statuses = batch.statuses().map_err(|e| e.to_string())?;
     let mut out: Vec<Result<(), String>> = vec![Ok(()); statuses.len()];
     let failed: Vec<(usize, TaskStatus)> = statuses
