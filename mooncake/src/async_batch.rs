@@ -336,7 +336,7 @@ impl Future for Completion<'_> {
             });
         }
         let engine = batch.engine.clone();
-        let reactor = match engine.reactor() {
+        let reactor = match engine.reactor().and_then(|r| r.check_alive().map(|()| r)) {
             Ok(r) => r,
             Err(e) => return Poll::Ready(Err(e)),
         };

@@ -64,7 +64,11 @@ impl NotificationStream {
         if let Some(n) = self.ready.pop_front() {
             return Poll::Ready(Ok(n));
         }
-        let reactor = match self.engine.reactor() {
+        let reactor = match self
+            .engine
+            .reactor()
+            .and_then(|r| r.check_alive().map(|()| r))
+        {
             Ok(r) => r,
             Err(e) => return Poll::Ready(Err(e)),
         };

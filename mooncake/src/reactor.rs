@@ -10,6 +10,8 @@
 //! shared state is dropped.
 use std::any::Any;
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
 use std::thread::JoinHandle;
@@ -22,11 +24,18 @@ use crate::ffi::{drain_eventfd, wait_either, EventFd, RawEngine};
 /// transfers (the memory it uses, the engine it belongs to).
 type Orphan = Box<dyn Any + Send>;
 
+// Lock discipline: no waker is woken or dropped, and no orphan dropped,
+// while one of these mutexes is held. Waking or dropping a waker may run an
+// executor's code that drops a task, whose `Completion` then locks
+// `batches` again on this thread.
 struct Inner {
     raw: Arc<RawEngine>,
     batches: Mutex<HashMap<u64, Waker>>,
     notify: Mutex<Vec<Waker>>,
     orphans: Mutex<HashMap<u64, Orphan>>,
+    /// The thread stopped waiting (an error): futures fail instead of
+    /// waiting for ever.
+    dead: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -39,8 +48,9 @@ impl Inner {
     /// A batch reported finished: wake its future, or finish it if its
     /// owner is gone.
     fn finished(&self, id: u64) {
-        if let Some(w) = lock(&self.batches).remove(&id) {
-            w.wake();
+        let waker = lock(&self.batches).remove(&id);
+        if let Some(w) = waker {
+            wake(w);
         }
         self.settle_orphan(id);
     }
@@ -49,7 +59,7 @@ impl Inner {
     fn finished_all(&self) {
         let wakers: Vec<Waker> = lock(&self.batches).drain().map(|(_, w)| w).collect();
         for w in wakers {
-            w.wake();
+            wake(w);
         }
         let ids: Vec<u64> = lock(&self.orphans).keys().copied().collect();
         for id in ids {
@@ -60,7 +70,7 @@ impl Inner {
     fn wake_notify(&self) {
         let wakers = std::mem::take(&mut *lock(&self.notify));
         for w in wakers {
-            w.wake();
+            wake(w);
         }
     }
 
@@ -75,10 +85,19 @@ impl Inner {
             Ok(false) => return,
             Ok(true) => {}
             Err(e) => {
-                tracing::error!(target: "mooncake", batch = id, error = %e, "checking a dropped batch failed")
+                // Settled meanwhile by the other caller (the adopting thread
+                // and this one race): nothing left to do. Otherwise keep it
+                // (its memory may still be in use) and look again at the
+                // next event.
+                if lock(&self.orphans).contains_key(&id) {
+                    tracing::error!(target: "mooncake", batch = id, error = %e, "checking a dropped batch failed");
+                }
+                return;
             }
         }
-        let Some(orphan) = lock(&self.orphans).remove(&id) else {
+        // Whoever removes it frees it.
+        let orphan = lock(&self.orphans).remove(&id);
+        let Some(orphan) = orphan else {
             return;
         };
         if let Err(e) = self.raw.free_batch(id) {
@@ -106,6 +125,7 @@ impl Reactor {
             batches: Mutex::new(HashMap::new()),
             notify: Mutex::new(Vec::new()),
             orphans: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
         });
         let (thread_inner, thread_stop) = (inner.clone(), stop.clone());
         let thread = std::thread::Builder::new()
@@ -121,19 +141,35 @@ impl Reactor {
 
     /// Wakes `waker` when batch `id` is next reported finished.
     pub(crate) fn watch_batch(&self, id: u64, waker: &Waker) {
-        let mut batches = lock(&self.inner.batches);
-        match batches.get_mut(&id) {
-            Some(w) if w.will_wake(waker) => {}
-            Some(w) => w.clone_from(waker),
-            None => {
-                batches.insert(id, waker.clone());
+        let fresh = waker.clone();
+        let replaced = {
+            let mut batches = lock(&self.inner.batches);
+            match batches.get(&id) {
+                Some(w) if w.will_wake(waker) => None,
+                _ => batches.insert(id, fresh),
             }
-        }
+        };
+        drop(replaced);
     }
 
     /// Stops watching batch `id`.
     pub(crate) fn unwatch_batch(&self, id: u64) {
-        lock(&self.inner.batches).remove(&id);
+        let removed = lock(&self.inner.batches).remove(&id);
+        drop(removed);
+    }
+
+    /// Whether the reactor thread has stopped (after an error it logged):
+    /// async waits fail rather than hang.
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        if self.inner.dead.load(Ordering::Acquire) {
+            return Err(Error::Engine {
+                code: ErrorCode::Internal,
+                message: "the engine's async reactor thread has stopped (see the log); async \
+                          waits cannot complete"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     /// Wakes `waker` when the next notification (or any event) arrives.
@@ -147,8 +183,9 @@ impl Reactor {
     /// Takes over batch `id`, still running, with what must outlive it;
     /// frees it once its transfers have all ended.
     pub(crate) fn adopt(&self, id: u64, keep: Orphan) {
-        lock(&self.inner.batches).remove(&id);
-        lock(&self.inner.orphans).insert(id, keep);
+        self.unwatch_batch(id);
+        let earlier = lock(&self.inner.orphans).insert(id, keep);
+        drop(earlier);
         // It may have finished before it was adopted (its event then found
         // no orphan): check once now.
         self.inner.settle_orphan(id);
@@ -175,6 +212,14 @@ fn system(what: &str, e: &std::io::Error) -> Error {
     }
 }
 
+/// Wakes `w`; an executor's waker that panics is logged, not fatal to the
+/// reactor.
+fn wake(w: Waker) {
+    if catch_unwind(AssertUnwindSafe(|| w.wake())).is_err() {
+        tracing::error!(target: "mooncake", "a waker panicked");
+    }
+}
+
 fn run(inner: &Inner, event_fd: std::os::fd::RawFd, stop: &EventFd) {
     let mut ids = vec![0u64; 1024];
     loop {
@@ -182,7 +227,10 @@ fn run(inner: &Inner, event_fd: std::os::fd::RawFd, stop: &EventFd) {
             Ok((_, true)) => return,
             Ok(_) => {}
             Err(e) => {
-                tracing::error!(target: "mooncake", error = %e, "the async reactor cannot wait; async transfers will not complete");
+                tracing::error!(target: "mooncake", error = %e, "the async reactor cannot wait; async waits fail from now on");
+                inner.dead.store(true, Ordering::Release);
+                inner.finished_all();
+                inner.wake_notify();
                 return;
             }
         }
@@ -203,10 +251,11 @@ fn run(inner: &Inner, event_fd: std::os::fd::RawFd, stop: &EventFd) {
             if overflowed {
                 inner.finished_all();
             }
+            // Notifications are not starved by a long run of completions.
+            inner.wake_notify();
             if n < ids.len() {
                 break;
             }
         }
-        inner.wake_notify();
     }
 }

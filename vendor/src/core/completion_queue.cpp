@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 namespace mcrs {
@@ -58,6 +59,11 @@ size_t CompletionQueue::take(uint64_t *out, size_t cap, bool &overflowed) {
     while (n < cap && head_ < ids_.size()) out[n++] = ids_[head_++];
     if (head_ == ids_.size()) {
         ids_.clear();
+        head_ = 0;
+    } else if (head_ >= 4096 && head_ * 2 >= ids_.size()) {
+        // A reader that never empties the queue (finishers keep up with it)
+        // must not let the taken prefix grow with the total throughput.
+        ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(head_));
         head_ = 0;
     }
     overflowed = overflowed_;
