@@ -61,8 +61,27 @@ echo "starting proxy on :$PROXY_PORT"
   --decode "http://127.0.0.1:$DECODE_PORT" >"$LOGDIR/proxy.log" 2>&1 &
 pids+=($!)
 
+# Peak thread count of a process while the client runs (from /proc): the
+# connector moves KV without a thread per transfer, so it should not grow
+# with CONCURRENCY.
+sample_threads() { # pid outfile
+  local max=0 t
+  while [ ! -e "$LOGDIR/.client-done" ] && kill -0 "$1" 2>/dev/null; do
+    t=$(awk '/^Threads:/{print $2}' "/proc/$1/status" 2>/dev/null || echo 0)
+    [ "${t:-0}" -gt "$max" ] && max=$t
+    sleep 0.05
+  done
+  echo "$max" >"$2"
+}
+rm -f "$LOGDIR/.client-done"
+sample_threads "$prefill_pid" "$LOGDIR/prefill.threads" & sampler1=$!
+sample_threads "$decode_pid" "$LOGDIR/decode.threads" & sampler2=$!
+
 "$BIN/pd_client" --url "http://127.0.0.1:$PROXY_PORT" --requests "$REQUESTS" \
   --concurrency "$CONCURRENCY" --max-len "$MAX_LEN"
+touch "$LOGDIR/.client-done"
+wait "$sampler1" "$sampler2" || true
+echo "peak threads while the requests ran (concurrency $CONCURRENCY): prefill $(cat "$LOGDIR/prefill.threads"), decode $(cat "$LOGDIR/decode.threads")"
 
 # Every transfer must be accounted for on both sides, and the prefiller
 # must have freed every block once the decoder pulled it.
