@@ -293,6 +293,27 @@ impl Engine {
         RemoteSegment::open(self.shared.clone(), name, false)
     }
 
+    /// [`open_segment`](Self::open_segment) for async code: the handshake
+    /// (bounded by the engine's handshake timeouts) runs on a short-lived
+    /// thread of its own, and the future resolves with the segment.
+    ///
+    /// ```
+    /// # use mooncake::Engine;
+    /// # fn main() -> mooncake::Result<()> {
+    /// let target = Engine::builder().build()?;
+    /// let initiator = Engine::builder().build()?;
+    /// let open = initiator.open_segment_async(target.segment_name())?;
+    /// let peer = futures::executor::block_on(open)?;
+    /// assert_eq!(peer.name(), target.segment_name());
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "async")]
+    pub fn open_segment_async(&self, name: &str) -> Result<crate::OpenSegment> {
+        let (engine, owned) = (self.clone(), name.to_string());
+        crate::segment_open::OpenSegment::spawn(name, move || engine.open_segment(&owned))
+    }
+
     /// Opens a remote segment, always fetching a fresh descriptor.
     pub fn open_segment_fresh(&self, name: &str) -> Result<RemoteSegment> {
         RemoteSegment::open(self.shared.clone(), name, true)

@@ -159,6 +159,8 @@ pub mod rdma;
 #[cfg(feature = "async")]
 mod reactor;
 mod segment;
+#[cfg(feature = "async")]
+mod segment_open;
 mod shared;
 
 #[cfg(feature = "async")]
@@ -179,6 +181,8 @@ pub use rdma::{
     LinkLayer, NicCounters, NicLoad, NicPreference, RdmaCounters, RdmaDevice, RdmaTopology,
 };
 pub use segment::{RemoteBuffer, RemoteSegment};
+#[cfg(feature = "async")]
+pub use segment_open::OpenSegment;
 
 /// The crate's README (what crates.io shows), compiled and run as a doctest
 /// so its example cannot drift from the API.

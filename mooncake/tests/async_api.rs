@@ -85,7 +85,7 @@ async fn dropped_future_and_batch_hold_memory_until_the_transfer_ends() {
     // either way nothing was let go early:
     let local = Arc::try_unwrap(local).expect("let go");
     assert_eq!(first_mismatch(&local.to_vec(), 5, 0), None);
-    eprintln!("memory held by the reactor after the drop: {held_while_running}");
+    eprintln!("memory held by the reactor after the drop: {held_while_running}, released after {:?}", t0.elapsed());
 }
 
 /// A timeout drops the future; awaiting `run` again (nothing new queued)
@@ -264,4 +264,39 @@ fn a_waker_that_drops_its_future_does_not_stall_the_reactor() {
     let mut again = init.async_batch(1).unwrap();
     again.read(&small, 0, &seg, published.addr(), 4096).unwrap();
     futures::executor::block_on(again.run()).unwrap();
+}
+
+/// Opening a segment from async code: the handshake runs off the runtime;
+/// a peer that is not there is a clear error, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_open_from_async_code() {
+    let target = engine();
+    let init = engine();
+    let _published = target
+        .register(vec![4u8; 4096], "*", Access::RemoteAccessible)
+        .unwrap();
+    let peer = init
+        .open_segment_async(target.segment_name())
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(peer.buffers().unwrap().len(), 1);
+    // A port on 127.0.0.1 where nothing listens.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t0 = Instant::now();
+    let err = tokio::time::timeout(
+        Duration::from_secs(20),
+        init.open_segment_async(&format!("127.0.0.1:{free}"))
+            .unwrap(),
+    )
+    .await
+    .expect("bounded by the handshake timeouts")
+    .unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    eprintln!("open of a closed port failed after {:?}: {err}", t0.elapsed());
+    assert!(!err.to_string().is_empty());
 }

@@ -27,4 +27,5 @@ fn async_handles_cross_threads() {
     send::<mooncake::AsyncBatch>();
     send::<mooncake::Completion<'static>>();
     send::<mooncake::NotificationStream>();
+    send::<mooncake::OpenSegment>();
 }
