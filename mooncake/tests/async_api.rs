@@ -85,7 +85,10 @@ async fn dropped_future_and_batch_hold_memory_until_the_transfer_ends() {
     // either way nothing was let go early:
     let local = Arc::try_unwrap(local).expect("let go");
     assert_eq!(first_mismatch(&local.to_vec(), 5, 0), None);
-    eprintln!("memory held by the reactor after the drop: {held_while_running}, released after {:?}", t0.elapsed());
+    eprintln!(
+        "memory held by the reactor after the drop: {held_while_running}, released after {:?}",
+        t0.elapsed()
+    );
 }
 
 /// A timeout drops the future; awaiting `run` again (nothing new queued)
@@ -297,6 +300,9 @@ async fn segments_open_from_async_code() {
     .expect("bounded by the handshake timeouts")
     .unwrap_err();
     assert!(t0.elapsed() < Duration::from_secs(20));
-    eprintln!("open of a closed port failed after {:?}: {err}", t0.elapsed());
+    eprintln!(
+        "open of a closed port failed after {:?}: {err}",
+        t0.elapsed()
+    );
     assert!(!err.to_string().is_empty());
 }

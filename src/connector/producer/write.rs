@@ -118,20 +118,17 @@ async fn write_on_pool(
     run_batch(inner, &seg, &descs).await
 }
 
-/// The decoder's segment, opened once per session and cached. Opening is a
-/// handshake with the decoder (blocking, bounded by the handshake
-/// timeouts): the first one per session runs on the blocking pool.
+/// The decoder's segment, opened once per session and cached (the open, a
+/// handshake bounded by the engine's timeouts, runs off the runtime).
 async fn decoder_segment(inner: &Arc<Inner>, session: &str) -> Result<RemoteSegment, String> {
     if let Some(s) = inner.sessions.lock().unwrap().get(session).cloned() {
         return Ok(s);
     }
-    let opened = {
-        let (ctx, name) = (inner.ctx.clone(), session.to_string());
-        tokio::task::spawn_blocking(move || ctx.engine.open_segment(&name))
-            .await
-            .map_err(|e| format!("opening decoder segment {session} panicked: {e}"))?
-            .map_err(|e| format!("cannot open decoder segment {session}: {e}"))?
-    };
+    let opened = match inner.ctx.engine.open_segment_async(session) {
+        Ok(open) => open.await,
+        Err(e) => Err(e),
+    }
+    .map_err(|e| format!("cannot open decoder segment {session}: {e}"))?;
     inner
         .sessions
         .lock()
