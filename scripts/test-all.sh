@@ -69,6 +69,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test (interop with upstream required)"
 MOONCAKE_REQUIRE_UPSTREAM=1 cargo test --workspace
 
+step "async API against an AddressSanitizer-built engine (futures dropped mid-transfer)"
+scripts/asan-async.sh
+
 step "committed bindings match the headers (bindgen)"
 # DOCS_RS: the check compares text and calls nothing, so the engine is not
 # compiled for it (the build script generates the bindings first).

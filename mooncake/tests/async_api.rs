@@ -60,12 +60,21 @@ async fn dropped_future_and_batch_hold_memory_until_the_transfer_ends() {
         .register(patterned(size, 5), "*", Access::RemoteAccessible)
         .unwrap();
     let seg = init.open_segment(target.segment_name()).unwrap();
+    // The READ lands between two guard pages of the same registration
+    // (zeroed): they must stay untouched.
+    const GUARD: usize = 4096;
     let local = Arc::new(
-        init.register(HostBuffer::new(size).unwrap(), "*", Access::LocalOnly)
-            .unwrap(),
+        init.register(
+            HostBuffer::new(size + 2 * GUARD).unwrap(),
+            "*",
+            Access::LocalOnly,
+        )
+        .unwrap(),
     );
     let mut batch = init.async_batch(1).unwrap();
-    batch.read(&local, 0, &seg, published.addr(), size).unwrap();
+    batch
+        .read(&local, GUARD, &seg, published.addr(), size)
+        .unwrap();
     {
         let fut = batch.run();
         drop(fut); // before its first poll: the READ is already under way
@@ -83,8 +92,16 @@ async fn dropped_future_and_batch_hold_memory_until_the_transfer_ends() {
     }
     // On a fast machine the 64 MiB READ may end before the first check;
     // either way nothing was let go early:
-    let local = Arc::try_unwrap(local).expect("let go");
-    assert_eq!(first_mismatch(&local.to_vec(), 5, 0), None);
+    let local = Arc::try_unwrap(local).expect("let go").to_vec();
+    assert_eq!(first_mismatch(&local[GUARD..GUARD + size], 5, 0), None);
+    assert!(
+        local[..GUARD].iter().all(|b| *b == 0),
+        "bytes before the buffer changed"
+    );
+    assert!(
+        local[GUARD + size..].iter().all(|b| *b == 0),
+        "bytes after the buffer changed"
+    );
     eprintln!(
         "memory held by the reactor after the drop: {held_while_running}, released after {:?}",
         t0.elapsed()
