@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use mooncake_sys as sys;
 
-use crate::batch::{outcome, Opcode, Statuses};
+use crate::batch::{checked_request, outcome, Opcode, Statuses};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ffi::RequestBuf;
 use crate::memory::LocalMemory;
@@ -152,39 +152,28 @@ impl AsyncBatch {
         remote_addr: u64,
         len: usize,
     ) -> Result<()> {
-        self.settle()?;
-        if !Arc::ptr_eq(&segment.engine, &self.engine) {
-            return Err(Error::InvalidArgument(format!(
-                "segment {} was opened by another engine",
-                segment.name()
-            )));
+        let request = checked_request(
+            &self.engine,
+            self.submitted + self.queued.0.len(),
+            self.capacity,
+            op,
+            &**local,
+            local_offset,
+            segment,
+            remote_addr,
+            len,
+        )?;
+        // Compared by address first: a batch of many requests on one
+        // registration clones its `Arc` once, not once per request.
+        let ptr = Arc::as_ptr(local) as *const ();
+        if !self
+            .keep
+            .iter()
+            .any(|k| std::ptr::eq(Arc::as_ptr(k) as *const (), ptr))
+        {
+            self.keep.push(local.clone());
         }
-        let source = crate::memory::local_range(&**local, &self.engine.raw, local_offset, len)?;
-        if remote_addr.checked_add(len as u64).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "remote range of {len} bytes at {remote_addr:#x} wraps around"
-            )));
-        }
-        if self.submitted + self.queued.0.len() >= self.capacity {
-            return Err(Error::Engine {
-                code: ErrorCode::TooManyRequests,
-                message: format!("the batch is full ({} requests)", self.capacity),
-            });
-        }
-        let shared: Shared = local.clone();
-        if !self.keep.iter().any(|k| Arc::ptr_eq(k, &shared)) {
-            self.keep.push(shared);
-        }
-        self.queued.0.push(sys::transfer_request {
-            opcode: match op {
-                Opcode::Read => sys::OPCODE_READ as i32,
-                Opcode::Write => sys::OPCODE_WRITE as i32,
-            },
-            source: source.cast(),
-            target_id: segment.id,
-            target_offset: remote_addr,
-            length: len as u64,
-        });
+        self.queued.0.push(request);
         Ok(())
     }
 

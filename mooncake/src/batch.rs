@@ -209,24 +209,17 @@ impl<'r> Batch<'r> {
         remote_addr: u64,
         len: usize,
     ) -> Result<()> {
-        if !Arc::ptr_eq(&segment.engine, &self.engine) {
-            return Err(Error::InvalidArgument(format!(
-                "segment {} was opened by another engine",
-                segment.name()
-            )));
-        }
-        let source = crate::memory::local_range(local, &self.engine.raw, local_offset, len)?;
-        if remote_addr.checked_add(len as u64).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "remote range of {len} bytes at {remote_addr:#x} wraps around"
-            )));
-        }
-        if self.submitted + self.queued.0.len() >= self.capacity {
-            return Err(Error::Engine {
-                code: crate::ErrorCode::TooManyRequests,
-                message: format!("the batch is full ({} requests)", self.capacity),
-            });
-        }
+        let request = checked_request(
+            &self.engine,
+            self.submitted + self.queued.0.len(),
+            self.capacity,
+            op,
+            local,
+            local_offset,
+            segment,
+            remote_addr,
+            len,
+        )?;
         if crate::memory::needs_prepare(local)
             && !self
                 .prepare
@@ -235,16 +228,7 @@ impl<'r> Batch<'r> {
         {
             self.prepare.push(local);
         }
-        self.queued.0.push(sys::transfer_request {
-            opcode: match op {
-                Opcode::Read => sys::OPCODE_READ as i32,
-                Opcode::Write => sys::OPCODE_WRITE as i32,
-            },
-            source: source.cast(),
-            target_id: segment.id,
-            target_offset: remote_addr,
-            length: len as u64,
-        });
+        self.queued.0.push(request);
         Ok(())
     }
 
@@ -452,6 +436,53 @@ impl<'r> Batch<'r> {
     pub fn error_of(&self, index: usize) -> Result<String> {
         self.engine.raw.transfer_error(self.id, index)
     }
+}
+
+/// The engine request for `op` on `local[local_offset..][..len]` and
+/// `remote_addr` of `segment`, after the checks every batch makes on what
+/// its caller passes: the segment belongs to `engine`, the local range is
+/// registered with it and inside the memory, the remote range does not wrap,
+/// and the batch (`used` of `capacity` requests) has room.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn checked_request<L: LocalMemory + ?Sized>(
+    engine: &Arc<EngineShared>,
+    used: usize,
+    capacity: usize,
+    op: Opcode,
+    local: &L,
+    local_offset: usize,
+    segment: &RemoteSegment,
+    remote_addr: u64,
+    len: usize,
+) -> Result<sys::transfer_request> {
+    if !Arc::ptr_eq(&segment.engine, engine) {
+        return Err(Error::InvalidArgument(format!(
+            "segment {} was opened by another engine",
+            segment.name()
+        )));
+    }
+    let source = crate::memory::local_range(local, &engine.raw, local_offset, len)?;
+    if remote_addr.checked_add(len as u64).is_none() {
+        return Err(Error::InvalidArgument(format!(
+            "remote range of {len} bytes at {remote_addr:#x} wraps around"
+        )));
+    }
+    if used >= capacity {
+        return Err(Error::Engine {
+            code: crate::ErrorCode::TooManyRequests,
+            message: format!("the batch is full ({capacity} requests)"),
+        });
+    }
+    Ok(sys::transfer_request {
+        opcode: match op {
+            Opcode::Read => sys::OPCODE_READ as i32,
+            Opcode::Write => sys::OPCODE_WRITE as i32,
+        },
+        source: source.cast(),
+        target_id: segment.id,
+        target_offset: remote_addr,
+        length: len as u64,
+    })
 }
 
 /// `Ok` when every request of `statuses` (all terminal) completed, else
