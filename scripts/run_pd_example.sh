@@ -7,7 +7,8 @@
 #
 # Environment: PREFILL_TP, DECODE_TP (default 1), PREFILL_PORT, DECODE_PORT,
 # PROXY_PORT, BOOTSTRAP_PORT, REQUESTS (16), CONCURRENCY (4), MAX_LEN,
-# CARGO_PROFILE (debug|release, default debug).
+# CARGO_PROFILE (debug|release, default debug), MAX_THREADS ("P D": fail if
+# the prefiller's or decoder's peak thread count goes above these).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,6 +83,12 @@ sample_threads "$decode_pid" "$LOGDIR/decode.threads" & sampler2=$!
 touch "$LOGDIR/.client-done"
 wait "$sampler1" "$sampler2" || true
 echo "peak threads while the requests ran (concurrency $CONCURRENCY): prefill $(cat "$LOGDIR/prefill.threads"), decode $(cat "$LOGDIR/decode.threads")"
+if [ -n "${MAX_THREADS:-}" ]; then
+  read -r max_p max_d <<<"$MAX_THREADS"
+  if [ "$(cat "$LOGDIR/prefill.threads")" -gt "$max_p" ] || [ "$(cat "$LOGDIR/decode.threads")" -gt "$max_d" ]; then
+    echo "THREADS GREW with concurrency: limit prefill $max_p, decode $max_d"; exit 1
+  fi
+fi
 
 # Every transfer must be accounted for on both sides, and the prefiller
 # must have freed every block once the decoder pulled it.

@@ -130,8 +130,11 @@ step "semver: public API of mooncake-sys and mooncake against the last release t
 wait "$semver_install" || { cat target/semver-install.log; echo "building cargo-semver-checks failed" >&2; exit 1; }
 scripts/semver-check.sh
 
-step "end-to-end: prefill, decode and proxy processes (TP 1:1, 2:1, 1:2)"
-scripts/run_pd_example.sh
+step "end-to-end: prefill, decode and proxy processes (TP 1:1 at concurrency 1 and 64, 2:1, 1:2)"
+# The threads at 64 concurrent requests may not exceed those at 1.
+REQUESTS=64 CONCURRENCY=1 scripts/run_pd_example.sh
+REQUESTS=64 CONCURRENCY=64 MAX_THREADS="$(cat target/pd-example/prefill.threads) $(cat target/pd-example/decode.threads)" \
+  scripts/run_pd_example.sh
 PREFILL_TP=2 DECODE_TP=1 scripts/run_pd_example.sh
 PREFILL_TP=1 DECODE_TP=2 scripts/run_pd_example.sh
 

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::blocks::BlockPool;
+use super::compute_pool::ComputePool;
 use super::kv_check;
 use super::model::{self, ModelSpec};
 pub use super::request::{
@@ -61,6 +62,7 @@ pub struct SimEngine {
     cfg: SimEngineConfig,
     connector: Connector,
     pool: BlockPool,
+    compute: ComputePool,
     sched: Semaphore,
     stats: Arc<ConnectorStats>,
     held: Mutex<HashMap<String, Held>>,
@@ -93,6 +95,8 @@ impl SimEngine {
         let stats = connector.stats().clone();
         let engine = Arc::new(Self {
             pool: BlockPool::new(cfg.spec.num_blocks),
+            compute: ComputePool::new(ComputePool::default_size())
+                .map_err(|e| ConnectorError::config("compute threads", e.to_string()))?,
             sched: Semaphore::new(cfg.max_num_seqs.max(1)),
             cfg,
             connector,
@@ -271,7 +275,8 @@ impl SimEngine {
             tokio::time::sleep(delay).await;
         }
         let engine = self.clone();
-        tokio::task::spawn_blocking(move || engine.fill_kv(&tokens, &blocks))
+        self.compute
+            .run(move || engine.fill_kv(&tokens, &blocks))
             .await
             .expect("prefill compute task");
     }

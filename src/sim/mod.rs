@@ -4,6 +4,7 @@
 
 pub mod blocks;
 pub mod cli;
+pub mod compute_pool;
 pub mod engine;
 pub mod kv_check;
 pub mod kv_layouts;
