@@ -295,3 +295,217 @@ async fn a_port_clash_is_a_startup_error() {
         "{err}"
     );
 }
+
+/// What a stand-in bootstrap server received, body by body.
+type Seen = Arc<std::sync::Mutex<Vec<Value>>>;
+
+const FIVE: [&str; 5] = ["engine_id", "dp_rank", "tp_rank", "pp_rank", "addr"];
+
+/// Starts `app` on 127.0.0.1 and returns its URL.
+async fn stand_in(app: Router) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    url
+}
+
+/// A strict older bootstrap server: `/register` takes exactly vLLM's five
+/// fields and answers anything else 422 in FastAPI's shape.
+async fn older_server() -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    let app = Router::new().route(
+        "/register",
+        post(move |axum::Json(body): axum::Json<Value>| {
+            let s = s.clone();
+            async move {
+                s.lock().unwrap().push(body.clone());
+                let obj = body.as_object().cloned().unwrap_or_default();
+                let extra: Vec<_> = obj
+                    .keys()
+                    .filter(|k| !FIVE.contains(&k.as_str()))
+                    .cloned()
+                    .collect();
+                let missing = FIVE.iter().any(|k| !obj.contains_key(*k));
+                if !extra.is_empty() || missing {
+                    let detail: Vec<Value> = extra
+                        .iter()
+                        .map(|k| {
+                            json!({"type": "extra_forbidden", "loc": ["body", k],
+                                        "msg": "Extra inputs are not permitted", "input": obj[k]})
+                        })
+                        .collect();
+                    return (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        axum::Json(json!({ "detail": detail })),
+                    );
+                }
+                (StatusCode::OK, axum::Json(json!({"status": "ok"})))
+            }
+        }),
+    );
+    (stand_in(app).await, seen)
+}
+
+/// vLLM's newer bootstrap server's rule: `tp_size` (default 1) must exceed
+/// `tp_rank`, else 400.
+async fn newer_server() -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    let app = Router::new().route(
+        "/register",
+        post(move |axum::Json(body): axum::Json<Value>| {
+            let s = s.clone();
+            async move {
+                s.lock().unwrap().push(body.clone());
+                let tp_size = body["tp_size"].as_u64().unwrap_or(1);
+                let tp_rank = body["tp_rank"].as_u64().unwrap_or(0);
+                if tp_rank >= tp_size {
+                    return (
+                        StatusCode::BAD_REQUEST,
+                        axum::Json(json!({"detail": format!(
+                            "TP rank {tp_rank} must be less than TP size {tp_size}.")})),
+                    );
+                }
+                (StatusCode::OK, axum::Json(json!({"status": "ok"})))
+            }
+        }),
+    );
+    (stand_in(app).await, seen)
+}
+
+fn tp2_rank(rank: u32) -> RegisterRequest {
+    RegisterRequest {
+        tp_size: Some(2),
+        pp_size: Some(1),
+        ..reg("e", 0, rank, &format!("tcp://127.0.0.1:{}", 41000 + rank))
+    }
+}
+
+fn keys(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    k.sort();
+    k
+}
+
+#[tokio::test]
+async fn register_falls_back_to_five_fields_on_a_strict_older_server() {
+    let (url, seen) = older_server().await;
+    let client = BootstrapClient::new(Duration::from_secs(2), RetryPolicy::default());
+    assert!(!client.uses_five_field_body(&url));
+    client.register(&url, &tp2_rank(0)).await.unwrap();
+    {
+        let bodies = seen.lock().unwrap();
+        assert_eq!(bodies.len(), 2, "{bodies:?}");
+        assert_eq!(bodies[0]["tp_size"], 2, "the newer body goes first");
+        let mut five: Vec<String> = FIVE.iter().map(|s| s.to_string()).collect();
+        five.sort();
+        assert_eq!(keys(&bodies[1]), five);
+        assert_eq!(bodies[1]["addr"], "tcp://127.0.0.1:41000");
+    }
+    // Remembered for that URL (a trailing slash is the same URL), by clones
+    // too: the next registration is one five-field POST.
+    assert!(client.uses_five_field_body(&format!("{url}/")));
+    let clone = client.clone();
+    clone
+        .register(&format!("{url}/"), &tp2_rank(1))
+        .await
+        .unwrap();
+    {
+        let bodies = seen.lock().unwrap();
+        assert_eq!(bodies.len(), 3, "{bodies:?}");
+        assert!(bodies[2].get("tp_size").is_none(), "{}", bodies[2]);
+        assert_eq!(bodies[2]["tp_rank"], 1);
+    }
+    // A new client starts with the newer body again.
+    let fresh = BootstrapClient::new(Duration::from_secs(2), RetryPolicy::default());
+    fresh.register(&url, &tp2_rank(1)).await.unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn register_sends_tp_size_that_a_newer_server_needs() {
+    let (url, seen) = newer_server().await;
+    let client = BootstrapClient::new(Duration::from_secs(2), RetryPolicy::default());
+    client.register(&url, &tp2_rank(0)).await.unwrap();
+    client.register(&url, &tp2_rank(1)).await.unwrap();
+    {
+        let bodies = seen.lock().unwrap();
+        assert_eq!(bodies.len(), 2, "one POST each: {bodies:?}");
+        assert!(bodies
+            .iter()
+            .all(|b| b["tp_size"] == 2 && b["pp_size"] == 1));
+    }
+    assert!(!client.uses_five_field_body(&url));
+    // Without tp_size the newer server refuses rank 1 (400, not retried):
+    // why the client sends it.
+    let t0 = Instant::now();
+    let err = client
+        .register(&url, &reg("e", 0, 1, "tcp://127.0.0.1:41001"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("400") && err.to_string().contains("TP size 1"),
+        "{err}"
+    );
+    assert_eq!(seen.lock().unwrap().len(), 3);
+    assert!(t0.elapsed() < Duration::from_millis(900));
+}
+
+#[tokio::test]
+async fn a_422_to_both_bodies_fails_with_both_answers_and_no_more_tries() {
+    let (url, hits) = scripted(StatusCode::UNPROCESSABLE_ENTITY, Duration::ZERO).await;
+    let client = BootstrapClient::new(Duration::from_secs(2), RetryPolicy::default());
+    let err = client.register(&url, &tp2_rank(1)).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("422") && msg.contains("five-field body") && msg.contains(&url),
+        "{msg}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    assert!(!client.uses_five_field_body(&url));
+    // A five-field registration refused with 422 is not sent again.
+    let err = client
+        .register(&url, &reg("e", 0, 0, "tcp://127.0.0.1:41000"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("422"), "{err}");
+    assert_eq!(hits.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn our_server_takes_the_newer_body_in_one_post() {
+    let s = BootstrapServer::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Some(ExpectedTopology {
+            dp_size: 1,
+            tp_size: 2,
+            pp_size: 1,
+        }),
+    )
+    .await
+    .unwrap();
+    let live: Vec<_> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let client = BootstrapClient::new(Duration::from_secs(2), RetryPolicy::default());
+    for (rank, l) in live.iter().enumerate() {
+        let req = RegisterRequest {
+            tp_size: Some(2),
+            pp_size: Some(1),
+            ..reg(
+                "e",
+                0,
+                rank as u32,
+                &format!("tcp://{}", l.local_addr().unwrap()),
+            )
+        };
+        client.register(&s.url(), &req).await.unwrap();
+    }
+    assert!(!client.uses_five_field_body(&s.url()));
+    assert_eq!(
+        client.query(&s.url()).await.unwrap()["0"].worker_addr.len(),
+        2
+    );
+    s.stop().await;
+}

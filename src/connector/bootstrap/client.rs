@@ -1,5 +1,13 @@
 //! The bootstrap client: `/register` and `/query` with vLLM's retry
 //! schedule.
+//!
+//! `/register` sends the newer body (vLLM's five fields plus `tp_size`,
+//! `pp_size` and our `dp_size`). A server that answers it 422 (a strict or
+//! older server refusing the fields it does not know) gets the five-field
+//! body once more, and the client remembers that URL for later
+//! registrations.
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{QueryTable, RegisterRequest};
@@ -47,6 +55,24 @@ pub struct BootstrapClient {
     timeout: Duration,
     retry: RetryPolicy,
     token: Option<String>,
+    /// Base URLs that refused the newer body with 422 and took the
+    /// five-field one: later registrations there send the five fields at
+    /// once. Shared by clones.
+    five_field_servers: Arc<Mutex<HashSet<String>>>,
+}
+
+/// How a registration body ended once transport retries were done: the
+/// server's status and body when it refused it.
+type Answer = Result<(), (reqwest::StatusCode, String)>;
+
+/// vLLM's original registration body: no `tp_size`, `pp_size` or `dp_size`.
+fn five_fields(req: &RegisterRequest) -> RegisterRequest {
+    RegisterRequest {
+        tp_size: None,
+        pp_size: None,
+        dp_size: None,
+        ..req.clone()
+    }
 }
 
 fn transient(e: &reqwest::Error) -> bool {
@@ -66,6 +92,27 @@ impl BootstrapClient {
             timeout,
             retry,
             token: bootstrap_token_from_env(),
+            five_field_servers: Arc::default(),
+        }
+    }
+
+    /// Whether registrations at `base_url` send vLLM's five-field body
+    /// (the server refused the newer one with 422 before).
+    pub fn uses_five_field_body(&self, base_url: &str) -> bool {
+        let key = base_url.trim_end_matches('/');
+        self.five_field_servers
+            .lock()
+            .map(|s| s.contains(key))
+            .unwrap_or(false)
+    }
+
+    fn remember_five_field(&self, base_url: &str) {
+        if let Ok(mut s) = self.five_field_servers.lock() {
+            // Bounded: one entry per bootstrap server this client talks to,
+            // capped in case a caller walks through many.
+            if s.len() < 1024 {
+                s.insert(base_url.to_string());
+            }
         }
     }
 
@@ -108,28 +155,78 @@ impl BootstrapClient {
     }
 
     /// Registers a worker at `base_url` (`http://host:port`).
+    ///
+    /// The body carries `tp_size`/`pp_size`/`dp_size` when `req` has them
+    /// (vLLM's newer server refuses a TP > 1 registration without
+    /// `tp_size`). If the server answers that body with 422, as a strict
+    /// older server does for fields it does not know, the registration is
+    /// sent once more with the five fields `engine_id`, `dp_rank`,
+    /// `tp_rank`, `pp_rank`, `addr`, and later registrations at the same
+    /// URL (by this client or its clones) send those at once.
     pub async fn register(
         &self,
         base_url: &str,
         req: &RegisterRequest,
     ) -> Result<(), ConnectorError> {
-        let url = format!("{}/register", base_url.trim_end_matches('/'));
+        let base = base_url.trim_end_matches('/');
+        let url = format!("{base}/register");
+        let five = five_fields(req);
+        let extended = five != *req;
+        if extended && self.uses_five_field_body(base) {
+            tracing::debug!(target: "mooncake_connector::bootstrap", %url,
+                "registering with the five-field body (this server refused the newer one before)");
+            return self
+                .post_register(&url, &five)
+                .await?
+                .map_err(|(status, body)| refused(&url, status, &body));
+        }
+        match self.post_register(&url, req).await? {
+            Ok(()) => Ok(()),
+            Err((status, body)) if extended && status.as_u16() == 422 => {
+                tracing::warn!(target: "mooncake_connector::bootstrap", %url, %status,
+                    detail = %body,
+                    "the bootstrap server refused the registration body with tp_size/pp_size/dp_size; \
+                     retrying once with the five-field body of older servers");
+                match self.post_register(&url, &five).await? {
+                    Ok(()) => {
+                        self.remember_five_field(base);
+                        tracing::info!(target: "mooncake_connector::bootstrap", %url,
+                            "registered with the five-field body; later registrations here use it");
+                        Ok(())
+                    }
+                    Err((status2, body2)) => Err(ConnectorError::new(
+                        ConnectorErrorCode::Bootstrap,
+                        format!(
+                            "POST {url} returned {status}: {body} (body with tp_size/pp_size/dp_size); \
+                             then {status2}: {body2} (five-field body)"
+                        ),
+                    )),
+                }
+            }
+            Err((status, body)) => Err(refused(&url, status, &body)),
+        }
+    }
+
+    /// POSTs one registration body with the transport retries; an HTTP
+    /// refusal comes back as `Ok(Err(..))`, not retried.
+    async fn post_register(
+        &self,
+        url: &str,
+        body: &RegisterRequest,
+    ) -> Result<Answer, ConnectorError> {
         let what = format!("bootstrap registration at {url}");
         self.with_retries(&what, || async {
-            let mut call = self.http.post(&url).timeout(self.timeout).json(req);
+            let mut call = self.http.post(url).timeout(self.timeout).json(body);
             if let Some(t) = &self.token {
                 call = call.bearer_auth(t);
             }
-            let resp = call.send().await.map_err(|e| classify(&url, e))?;
+            let resp = call.send().await.map_err(|e| classify(url, e))?;
             let status = resp.status();
             if status.is_success() {
-                return Ok(());
+                return Ok(Ok(()));
             }
-            let body = resp.text().await.unwrap_or_default();
-            Err(CallError::Fatal(ConnectorError::new(
-                ConnectorErrorCode::Bootstrap,
-                format!("POST {url} returned {status}: {body}"),
-            )))
+            let text = resp.text().await.unwrap_or_default();
+            Ok(Err((status, truncate(text))))
         })
         .await
     }
@@ -164,6 +261,28 @@ impl BootstrapClient {
         })
         .await
     }
+}
+
+/// An HTTP refusal of a registration as an error.
+fn refused(url: &str, status: reqwest::StatusCode, body: &str) -> ConnectorError {
+    ConnectorError::new(
+        ConnectorErrorCode::Bootstrap,
+        format!("POST {url} returned {status}: {body}"),
+    )
+}
+
+/// A peer's error body, cut to what a log line and an error message need.
+fn truncate(mut s: String) -> String {
+    const MAX: usize = 1024;
+    if s.len() > MAX {
+        let mut end = MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("…");
+    }
+    s
 }
 
 enum CallError {
