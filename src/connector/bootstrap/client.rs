@@ -280,7 +280,7 @@ fn truncate(mut s: String) -> String {
             end -= 1;
         }
         s.truncate(end);
-        s.push_str("…");
+        s.push('…');
     }
     s
 }
