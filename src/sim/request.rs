@@ -20,6 +20,54 @@ pub struct KvTransferParams {
     pub remote_bootstrap_addr: Option<String>,
 }
 
+/// `stream_options` of a streamed request, read as vLLM reads it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// After the last chunk, one more with empty `choices` and the
+    /// request's `usage`. vLLM's default once `stream_options` is given.
+    pub include_usage: bool,
+    /// `usage` so far on every chunk too (only with `include_usage`).
+    pub continuous_usage_stats: bool,
+}
+
+impl StreamOptions {
+    /// Reads `stream_options` from a request body whose `stream` is
+    /// `stream`. As vLLM: absent or null is no usage; an object means
+    /// `include_usage` unless it says `false` or `null`; a non-empty object
+    /// on a request that does not stream is refused.
+    pub fn from_body(body: &serde_json::Value, stream: bool) -> Result<Self, GenerateError> {
+        use serde_json::Value;
+        let o = match body.get("stream_options") {
+            None | Some(Value::Null) => return Ok(Self::default()),
+            Some(Value::Object(o)) => o,
+            Some(_) => {
+                return Err(GenerateError::bad_request(
+                    "stream_options must be an object",
+                ))
+            }
+        };
+        if !o.is_empty() && !stream {
+            return Err(GenerateError::bad_request(
+                "Stream options can only be defined when `stream=True`.",
+            ));
+        }
+        let flag = |key: &str, default: bool| match o.get(key) {
+            None => Ok(default),
+            Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(GenerateError::bad_request(format!(
+                "stream_options.{key} must be a boolean or null"
+            ))),
+        };
+        let include_usage = flag("include_usage", true)?;
+        let continuous = flag("continuous_usage_stats", false)?;
+        Ok(Self {
+            include_usage,
+            continuous_usage_stats: include_usage && continuous,
+        })
+    }
+}
+
 /// One generation request.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {

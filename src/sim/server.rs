@@ -1,6 +1,6 @@
 //! The OpenAI-style HTTP API of a simulated engine: `/health`,
-//! `/v1/completions`, `/v1/chat/completions` (streaming and not) and
-//! `/metrics`.
+//! `/v1/models`, `/v1/completions`, `/v1/chat/completions` (streaming and
+//! not, with vLLM's `stream_options`) and `/metrics`.
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,12 +18,14 @@ use super::engine::{
     GenerateError, GenerateOutput, GenerateRequest, KvSource, KvTransferParams, SimEngine,
 };
 use super::model;
+use super::request::StreamOptions;
 
 /// The router for an engine.
 pub fn router(engine: Arc<SimEngine>) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .with_state(engine)
@@ -31,6 +33,46 @@ pub fn router(engine: Arc<SimEngine>) -> Router {
 
 async fn metrics(State(e): State<Arc<SimEngine>>) -> Json<Value> {
     Json(e.metrics())
+}
+
+/// `GET /v1/models` in the shape of vLLM's `ModelList`: one card for the
+/// served model; `root` is the model name (the simulator loads no path) and
+/// `max_model_len` the tokens the KV cache holds.
+async fn models(State(e): State<Arc<SimEngine>>) -> Json<Value> {
+    let cfg = e.config();
+    let max_model_len = cfg.spec.num_blocks.saturating_mul(cfg.spec.block_size);
+    Json(model_list(&cfg.model_name, max_model_len, now()))
+}
+
+/// vLLM's `ModelList` with one `ModelCard` (and its default
+/// `ModelPermission`).
+fn model_list(name: &str, max_model_len: usize, created: u64) -> Value {
+    json!({
+        "object": "list",
+        "data": [{
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": name,
+            "parent": null,
+            "max_model_len": max_model_len,
+            "permission": [{
+                "id": format!("modelperm-{}", uuid::Uuid::new_v4().simple()),
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": false,
+                "allow_sampling": true,
+                "allow_logprobs": true,
+                "allow_search_indices": false,
+                "allow_view": true,
+                "allow_fine_tuning": false,
+                "organization": "*",
+                "group": null,
+                "is_blocking": false,
+            }],
+        }],
+    })
 }
 
 fn error_response(status: u16, kind: &str, message: &str) -> Response {
@@ -52,6 +94,7 @@ struct Parsed {
     prompt: String,
     max_tokens: usize,
     stream: bool,
+    stream_options: StreamOptions,
     kv: Option<KvTransferParams>,
     model: String,
 }
@@ -78,6 +121,7 @@ fn parse_common(
             as usize,
     };
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let stream_options = StreamOptions::from_body(body, stream)?;
     let kv = match body.get("kv_transfer_params") {
         None | Some(Value::Null) => None,
         Some(v) => Some(
@@ -94,6 +138,7 @@ fn parse_common(
         prompt,
         max_tokens,
         stream,
+        stream_options,
         kv,
         model,
     })
@@ -198,8 +243,47 @@ async fn serve(
 }
 
 fn usage(out: &GenerateOutput) -> Value {
-    json!({"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-           "total_tokens": out.prompt_tokens + out.completion_tokens})
+    usage_so_far(out, out.completion_tokens)
+}
+
+fn usage_so_far(out: &GenerateOutput, completion_tokens: usize) -> Value {
+    json!({"prompt_tokens": out.prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": out.prompt_tokens + completion_tokens})
+}
+
+/// One streamed chunk's frame: the fields every chunk of a response shares.
+struct Chunks<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    out: &'a GenerateOutput,
+    opts: StreamOptions,
+    /// vLLM writes `"usage": null` on completion chunks and leaves the key
+    /// out of chat chunks when there is no usage to report.
+    null_usage: bool,
+}
+
+impl Chunks<'_> {
+    /// A chunk with `choice`, `tokens` completion tokens generated so far.
+    fn chunk(&self, choice: Value, tokens: usize) -> Value {
+        let mut v = json!({"id": self.id, "object": self.object, "created": self.created,
+                           "model": self.model, "choices": [choice]});
+        if self.opts.continuous_usage_stats {
+            v["usage"] = usage_so_far(self.out, tokens);
+        } else if self.null_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// With `include_usage`, the last chunk: no choices, the whole usage.
+    fn usage_chunk(&self) -> Option<Value> {
+        self.opts.include_usage.then(|| {
+            json!({"id": self.id, "object": self.object, "created": self.created,
+                   "model": self.model, "choices": [], "usage": usage(self.out)})
+        })
+    }
 }
 
 fn now() -> u64 {
@@ -253,14 +337,31 @@ async fn completions(
         Err(e) => return e.into_response(),
     };
     if p.stream {
+        let c = Chunks {
+            id: &id,
+            object: "text_completion",
+            created,
+            model: &p.model,
+            out: &out,
+            opts: p.stream_options,
+            null_usage: true,
+        };
         let mut events: Vec<Value> = out
             .text
             .chars()
-            .map(|c| json!({"id": id, "object": "text_completion", "created": created, "model": p.model,
-                            "choices": [{"index": 0, "text": c.to_string(), "logprobs": null, "finish_reason": null}]}))
+            .enumerate()
+            .map(|(i, ch)| {
+                c.chunk(
+                    json!({"index": 0, "text": ch.to_string(), "logprobs": null, "finish_reason": null}),
+                    i + 1,
+                )
+            })
             .collect();
-        events.push(json!({"id": id, "object": "text_completion", "created": created, "model": p.model,
-                           "choices": [{"index": 0, "text": "", "logprobs": null, "finish_reason": out.finish_reason}]}));
+        events.push(c.chunk(
+            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": out.finish_reason}),
+            out.completion_tokens,
+        ));
+        events.extend(c.usage_chunk());
         return sse(events);
     }
     Json(json!({
@@ -306,14 +407,30 @@ async fn chat(
         Err(e) => return e.into_response(),
     };
     if p.stream {
-        let mut events = vec![
-            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": p.model,
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}),
-        ];
-        events.extend(out.text.chars().map(|c| json!({"id": id, "object": "chat.completion.chunk", "created": created,
-            "model": p.model, "choices": [{"index": 0, "delta": {"content": c.to_string()}, "finish_reason": null}]})));
-        events.push(json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": p.model,
-            "choices": [{"index": 0, "delta": {}, "finish_reason": out.finish_reason}]}));
+        let c = Chunks {
+            id: &id,
+            object: "chat.completion.chunk",
+            created,
+            model: &p.model,
+            out: &out,
+            opts: p.stream_options,
+            null_usage: false,
+        };
+        let mut events = vec![c.chunk(
+            json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
+            0,
+        )];
+        events.extend(out.text.chars().enumerate().map(|(i, ch)| {
+            c.chunk(
+                json!({"index": 0, "delta": {"content": ch.to_string()}, "finish_reason": null}),
+                i + 1,
+            )
+        }));
+        events.push(c.chunk(
+            json!({"index": 0, "delta": {}, "finish_reason": out.finish_reason}),
+            out.completion_tokens,
+        ));
+        events.extend(c.usage_chunk());
         return sse(events);
     }
     Json(json!({
@@ -359,4 +476,29 @@ pub fn response_text(body: &str) -> Result<String, String> {
             .map(str::to_string)
             .ok_or_else(|| format!("no text in {v}"))
     }
+}
+
+/// The `usage` of a streamed (SSE) response's usage chunk, the one with
+/// empty `choices` that `stream_options.include_usage` asks for: `None`
+/// when the stream has none. An error when the body is not a whole stream,
+/// or when the usage chunk is not the last one before `[DONE]`.
+pub fn stream_usage(body: &str) -> Result<Option<Value>, String> {
+    let mut usage = None;
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            return Ok(usage);
+        }
+        if usage.is_some() {
+            return Err(format!("a chunk after the usage chunk: {data}"));
+        }
+        let v: Value =
+            serde_json::from_str(data).map_err(|e| format!("bad SSE chunk {data:?}: {e}"))?;
+        if v["choices"].as_array().is_some_and(|c| c.is_empty()) {
+            usage = Some(v["usage"].clone());
+        }
+    }
+    Err("the stream ended without [DONE]".into())
 }
