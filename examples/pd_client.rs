@@ -3,13 +3,21 @@
 //! every answer against what the simulated model must produce from correct
 //! KV. Exits non-zero on any mismatch. Used by `scripts/run_pd_example.sh`.
 //!
+//! It waits for the proxy without `/health` (vLLM's proxy has none): until
+//! `GET /v1/models` answers a model list or, where that route is absent, a
+//! plain completion is answered, for at most `--wait-secs` (120). It
+//! prints `readiness probe completions: N`: each one was a whole request
+//! through the proxy, KV transfer included. Every fourth request streams
+//! with `stream_options.include_usage` and checks the usage chunk.
+//!
 //! ```text
 //! cargo run --example pd_client -- --url http://127.0.0.1:8000 --requests 16 --concurrency 4
 //! ```
 use std::time::{Duration, Instant};
 
-use mooncake_connector::sim::model::{chat_prompt, expected_completion, ModelSpec};
-use mooncake_connector::sim::server::response_text;
+use mooncake_connector::sim::model::{chat_prompt, expected_completion, tokenize, ModelSpec};
+use mooncake_connector::sim::proxy::{wait_ready, ReadyBy};
+use mooncake_connector::sim::server::{response_text, stream_usage};
 use serde_json::json;
 
 struct Args {
@@ -17,6 +25,7 @@ struct Args {
     requests: usize,
     concurrency: usize,
     max_tokens: usize,
+    model: String,
     spec: ModelSpec,
     wait: Duration,
     min_len: usize,
@@ -29,6 +38,7 @@ fn parse() -> Result<Args, String> {
         requests: 16,
         concurrency: 4,
         max_tokens: 24,
+        model: "sim".into(),
         spec: ModelSpec::default(),
         wait: Duration::from_secs(120),
         min_len: 20,
@@ -50,6 +60,7 @@ fn parse() -> Result<Args, String> {
             "--requests" => a.requests = n()?,
             "--concurrency" => a.concurrency = n()?.max(1),
             "--max-tokens" => a.max_tokens = n()?,
+            "--model" => a.model = v.clone(),
             "--layers" => a.spec.layers = n()?,
             "--heads" => a.spec.heads = n()?,
             "--head-size" => a.spec.head_size = n()?,
@@ -82,22 +93,6 @@ fn prompt(i: usize, len: usize) -> String {
     s
 }
 
-/// Waits for the proxy at `url` to be ready (it answers 503 while
-/// discovering); exits when it is not within `wait`.
-async fn wait_ready(http: &reqwest::Client, url: &str, wait: Duration) {
-    let t0 = Instant::now();
-    loop {
-        match http.get(format!("{url}/health")).send().await {
-            Ok(r) if r.status().is_success() => break,
-            _ if t0.elapsed() > wait => {
-                eprintln!("pd_client: {url} not ready after {wait:?}");
-                std::process::exit(1);
-            }
-            _ => tokio::time::sleep(Duration::from_millis(250)).await,
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() {
     let a = parse().unwrap_or_else(|e| {
@@ -105,28 +100,50 @@ async fn main() {
         std::process::exit(2)
     });
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    wait_ready(&http, &a.url, a.wait).await;
+    match wait_ready(&http, &a.url, &a.model, a.wait).await {
+        Ok(r) => {
+            let by = match r.by {
+                ReadyBy::Models => "GET /v1/models",
+                ReadyBy::Completion => "a plain completion (no /v1/models)",
+            };
+            println!(
+                "{} ready after {:.1} s ({by})",
+                a.url,
+                r.waited.as_secs_f64()
+            );
+            println!("readiness probe completions: {}", r.probe_completions);
+        }
+        Err(e) => {
+            eprintln!("pd_client: {e}");
+            std::process::exit(1);
+        }
+    }
     let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(a.concurrency));
     let mut tasks = Vec::new();
     for i in 0..a.requests {
         let span = a.max_len.saturating_sub(a.min_len).max(1);
         let len = a.min_len + (i * 7919) % span;
         let (chat, stream) = (i % 3 == 1, i % 2 == 1);
+        let usage = i % 4 == 3;
         let text = prompt(i, len);
-        let (path, body, model_prompt) = if chat {
+        let (path, mut body, model_prompt) = if chat {
             let msgs = vec![("user".to_string(), text.clone())];
             (
                 "/v1/chat/completions",
-                json!({"model": "sim", "messages": [{"role": "user", "content": text}], "max_tokens": a.max_tokens, "stream": stream}),
+                json!({"model": a.model, "messages": [{"role": "user", "content": text}], "max_tokens": a.max_tokens, "stream": stream}),
                 chat_prompt(&msgs),
             )
         } else {
             (
                 "/v1/completions",
-                json!({"model": "sim", "prompt": text, "max_tokens": a.max_tokens, "stream": stream}),
+                json!({"model": a.model, "prompt": text, "max_tokens": a.max_tokens, "stream": stream}),
                 text.clone(),
             )
         };
+        let prompt_tokens = tokenize(&model_prompt).len();
+        if usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
         let want = expected_completion(&a.spec, &model_prompt, a.max_tokens);
         let (http, url, sem) = (http.clone(), format!("{}{path}", a.url), sem.clone());
         tasks.push(tokio::spawn(async move {
@@ -147,16 +164,28 @@ async fn main() {
             if got != want {
                 return Err(format!("wrong output: got {got:?}, want {want:?}"));
             }
-            Ok::<_, String>((len, chat, stream, started.elapsed()))
+            if usage {
+                let want = json!({"prompt_tokens": prompt_tokens, "completion_tokens": want.len(),
+                                  "total_tokens": prompt_tokens + want.len()});
+                match stream_usage(&text)? {
+                    Some(u) if u == want => {}
+                    other => return Err(format!("usage chunk {other:?}, want {want}")),
+                }
+            }
+            Ok::<_, String>((len, chat, stream, usage, started.elapsed()))
         }));
     }
     let mut failures = 0;
     for (i, t) in tasks.into_iter().enumerate() {
         match t.await.unwrap() {
-            Ok((len, chat, stream, dt)) => println!(
-                "request {i:>3}: {len:>5} prompt bytes, {:<10} {:<9} ok ({:.0} ms)",
+            Ok((len, chat, stream, usage, dt)) => println!(
+                "request {i:>3}: {len:>5} prompt bytes, {:<10} {:<15} ok ({:.0} ms)",
                 if chat { "chat" } else { "completion" },
-                if stream { "streamed" } else { "whole" },
+                match (stream, usage) {
+                    (true, true) => "streamed+usage",
+                    (true, false) => "streamed",
+                    _ => "whole",
+                },
                 dt.as_secs_f64() * 1e3
             ),
             Err(e) => {

@@ -3,9 +3,15 @@
 //! leg (`max_tokens = 1`, not streamed) without waiting for it, and streams
 //! the decode leg back, whose `kv_transfer_params` point the decoder at the
 //! prefiller's bootstrap server and engine id.
+//!
+//! Beyond vLLM's proxy it answers `GET /health` (503 until the prefill
+//! instances are found) and `GET /v1/models` (the first decode instance's
+//! list, see [`Proxy::router`]); `--completions-only` turns both off to
+//! stand in for vLLM's proxy. [`wait_ready`] is the client side: readiness
+//! of a proxy that may have neither.
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -41,6 +47,10 @@ pub struct ProxyConfig {
     /// `--bootstrap-addr host:port`: an external bootstrap server used for
     /// every prefill instance instead of `<prefill host>:<bootstrap port>`.
     pub bootstrap_addr: Option<HostPort>,
+    /// `--completions-only`: serve only `/v1/completions` and
+    /// `/v1/chat/completions`, as vLLM's proxy (no `/health`, no
+    /// `/v1/models`), to check clients that must work with it.
+    pub completions_only: bool,
 }
 
 impl ProxyConfig {
@@ -52,6 +62,7 @@ impl ProxyConfig {
             prefill: vec![],
             decode: vec![],
             bootstrap_addr: None,
+            completions_only: false,
         };
         let mut i = 0;
         while i < args.len() {
@@ -82,6 +93,10 @@ impl ProxyConfig {
                     );
                     i += 2;
                 }
+                "--completions-only" => {
+                    c.completions_only = true;
+                    i += 1;
+                }
                 "--prefill" => {
                     let url = val(i)?.trim_end_matches('/').to_string();
                     i += 2;
@@ -99,7 +114,7 @@ impl ProxyConfig {
                 }
                 "-h" | "--help" => return Err(
                     "usage: proxy [--host H] [--port P] --prefill URL [BOOTSTRAP_PORT|none] ... \
-                                --decode URL ... [--bootstrap-addr HOST:PORT]"
+                                --decode URL ... [--bootstrap-addr HOST:PORT] [--completions-only]"
                         .into(),
                 ),
                 other => return Err(format!("unknown flag {other}")),
@@ -167,19 +182,31 @@ impl Proxy {
         }
     }
 
-    /// The HTTP routes.
+    /// The HTTP routes: `/v1/completions`, `/v1/chat/completions`, and
+    /// unless `completions_only`, `GET /health` and `GET /v1/models`.
+    ///
+    /// vLLM's proxy has no `/v1/models`; ours answers 503 until the prefill
+    /// instances are found (so it doubles as a readiness check), then passes
+    /// on the list of the first decode instance that answers (the decode
+    /// instances produce every answer, so theirs is the model clients see),
+    /// then of the first prefill instance; 502 naming every backend tried
+    /// when none answers.
     pub fn router(&self) -> Router {
-        Router::new()
-            .route("/health", get(health))
-            .route(
-                "/v1/completions",
-                post(|s, h, b| forward(s, h, b, "/v1/completions")),
-            )
-            .route(
-                "/v1/chat/completions",
-                post(|s, h, b| forward(s, h, b, "/v1/chat/completions")),
-            )
-            .with_state(self.state.clone())
+        let mut r = Router::new();
+        if !self.state.cfg.completions_only {
+            r = r
+                .route("/health", get(health))
+                .route("/v1/models", get(models));
+        }
+        r.route(
+            "/v1/completions",
+            post(|s, h, b| forward(s, h, b, "/v1/completions")),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(|s, h, b| forward(s, h, b, "/v1/chat/completions")),
+        )
+        .with_state(self.state.clone())
     }
 
     /// Waits for every prefill instance's `/health` (polling each second),
@@ -243,6 +270,87 @@ async fn health(State(s): State<Arc<ProxyState>>) -> Response {
     }
 }
 
+fn not_ready() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"error": {"message": "the proxy is not ready yet"}})),
+    )
+        .into_response()
+}
+
+/// Most bytes read from a backend's `/v1/models` answer.
+const MAX_MODELS_BODY: usize = 1 << 20;
+
+/// How long the proxy waits for one backend's `/v1/models`.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
+
+async fn models(State(s): State<Arc<ProxyState>>) -> Response {
+    if !s.ready.load(Ordering::SeqCst) {
+        return not_ready();
+    }
+    let auth = crate::connector::config::openai_api_key_from_env();
+    let backends = s
+        .cfg
+        .decode
+        .iter()
+        .map(|u| ("decode", u.as_str()))
+        .chain(s.cfg.prefill.iter().map(|p| ("prefill", p.url.as_str())));
+    let mut tried = Vec::new();
+    for (role, base) in backends {
+        let url = format!("{base}/v1/models");
+        let mut req = s.http.get(&url).timeout(MODELS_TIMEOUT);
+        if let Some(k) = &auth {
+            req = req.bearer_auth(k);
+        }
+        let why = match req.send().await {
+            Ok(r) if r.status().is_success() => {
+                match read_capped(r, MAX_MODELS_BODY, MODELS_TIMEOUT).await {
+                    Ok(body) => match serde_json::from_slice::<Value>(&body) {
+                        Ok(v) if v["object"] == "list" && v["data"].is_array() => {
+                            return Json(v).into_response()
+                        }
+                        Ok(_) => "the answer is not a model list".to_string(),
+                        Err(e) => format!("the answer is not JSON: {e}"),
+                    },
+                    Err(e) => e,
+                }
+            }
+            Ok(r) => format!("HTTP {}", r.status()),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(target: "mooncake_connector::proxy", %url, "{role} backend's model list: {why}");
+        tried.push(format!("{url}: {why}"));
+    }
+    (
+        StatusCode::BAD_GATEWAY,
+        Json(json!({"error": {
+            "message": format!("no backend answered /v1/models ({})", tried.join("; ")),
+            "type": "bad_gateway", "code": 502}})),
+    )
+        .into_response()
+}
+
+/// Reads at most `max` bytes of `r`'s body within `within`.
+async fn read_capped(
+    mut r: reqwest::Response,
+    max: usize,
+    within: Duration,
+) -> Result<Vec<u8>, String> {
+    let read = async {
+        let mut body = Vec::new();
+        while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
+            if body.len() + chunk.len() > max {
+                return Err(format!("the answer is over {max} bytes"));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| format!("the answer took over {within:?}"))?
+}
+
 async fn forward(
     State(s): State<Arc<ProxyState>>,
     _headers: HeaderMap,
@@ -250,11 +358,7 @@ async fn forward(
     path: &'static str,
 ) -> Response {
     if !s.ready.load(Ordering::SeqCst) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"error": {"message": "the proxy is not ready yet"}})),
-        )
-            .into_response();
+        return not_ready();
     }
     let body = body.0;
     if !body.is_object() {
@@ -367,6 +471,138 @@ async fn decode_leg(s: &ProxyState, decode_url: &str, leg: &Leg<'_>, dbody: &Val
             Json(json!({"error": {"message": format!("decode {decode_url}: {e}")}})),
         )
             .into_response(),
+    }
+}
+
+/// How [`wait_ready`] found a server ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadyBy {
+    /// `GET /v1/models` answered a model list.
+    Models,
+    /// It has no `/v1/models` (404 or 405); a plain completion was
+    /// answered.
+    Completion,
+}
+
+/// What [`wait_ready`] found.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    /// Which probe answered.
+    pub by: ReadyBy,
+    /// Probe completions that were answered (0 or 1). Behind a
+    /// disaggregation proxy each is a whole request, KV transfer included,
+    /// which a caller counting transfers must add.
+    pub probe_completions: usize,
+    /// How long it took.
+    pub waited: Duration,
+}
+
+/// The prompt of the probe completion [`wait_ready`] sends.
+pub const PROBE_PROMPT: &str = "readiness probe";
+
+/// Most bytes [`wait_ready`] reads of a probe's answer.
+const MAX_PROBE_BODY: usize = 1 << 20;
+
+/// Waits, at most `wait`, until the OpenAI-style server or proxy at `url`
+/// is ready, without `/health` (vLLM's proxy has none): `GET /v1/models`
+/// answering a model list; when that route is absent (404 or 405), a plain
+/// completion (`model`, [`PROBE_PROMPT`], one token, not streamed) answered
+/// with text. Anything else (no connection, 503 while the proxy discovers
+/// its prefill instances, a broken answer) is tried again every 250 ms.
+/// The error names the URL, each probe tried and its last outcome.
+pub async fn wait_ready(
+    http: &reqwest::Client,
+    url: &str,
+    model: &str,
+    wait: Duration,
+) -> Result<Readiness, String> {
+    let url = url.trim_end_matches('/');
+    let models_url = format!("{url}/v1/models");
+    let completions_url = format!("{url}/v1/completions");
+    let t0 = Instant::now();
+    let deadline = t0 + wait;
+    let mut models_absent = false;
+    let mut last_models = "no answer yet".to_string();
+    let mut last_completion: Option<String> = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let completion = match &last_completion {
+                Some(why) => format!("POST {completions_url} (a plain completion): {why}"),
+                None => format!(
+                    "POST {completions_url}: not tried (only once /v1/models answers 404 or 405)"
+                ),
+            };
+            return Err(format!(
+                "{url} not ready after {wait:?}; tried GET {models_url}: {last_models}; {completion}"
+            ));
+        }
+        if !models_absent {
+            let per_try = left.min(Duration::from_secs(5));
+            match http.get(&models_url).timeout(per_try).send().await {
+                Ok(r) if r.status().is_success() => {
+                    match read_capped(r, MAX_PROBE_BODY, per_try).await {
+                        Ok(b) => match serde_json::from_slice::<Value>(&b) {
+                            Ok(v) if v["object"] == "list" && v["data"].is_array() => {
+                                return Ok(Readiness {
+                                    by: ReadyBy::Models,
+                                    probe_completions: 0,
+                                    waited: t0.elapsed(),
+                                });
+                            }
+                            _ => last_models = "answered, but not a model list".into(),
+                        },
+                        Err(e) => last_models = e,
+                    }
+                }
+                Ok(r) if matches!(r.status().as_u16(), 404 | 405) => {
+                    last_models = format!("HTTP {} (no such route)", r.status());
+                    models_absent = true;
+                    continue;
+                }
+                Ok(r) => last_models = format!("HTTP {}", r.status()),
+                Err(e) => last_models = e.to_string(),
+            }
+        } else {
+            let per_try = left.min(Duration::from_secs(30));
+            let body =
+                json!({"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "stream": false});
+            let why = match http
+                .post(&completions_url)
+                .json(&body)
+                .timeout(per_try)
+                .send()
+                .await
+            {
+                Ok(r) => {
+                    let status = r.status();
+                    match read_capped(r, MAX_PROBE_BODY, per_try).await {
+                        Ok(b) if status.is_success() => {
+                            let text = String::from_utf8_lossy(&b);
+                            match super::server::response_text(&text) {
+                                Ok(_) => {
+                                    return Ok(Readiness {
+                                        by: ReadyBy::Completion,
+                                        probe_completions: 1,
+                                        waited: t0.elapsed(),
+                                    })
+                                }
+                                Err(e) => format!("HTTP {status}, but {e}"),
+                            }
+                        }
+                        Ok(b) => format!(
+                            "HTTP {status}: {}",
+                            String::from_utf8_lossy(&b[..b.len().min(300)])
+                        ),
+                        Err(e) => format!("HTTP {status}, then {e}"),
+                    }
+                }
+                Err(e) => e.to_string(),
+            };
+            last_completion = Some(why);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::sleep(left.min(Duration::from_millis(250))).await;
     }
 }
 
