@@ -316,7 +316,7 @@ async fn models(State(s): State<Arc<ProxyState>>) -> Response {
                 }
             }
             Ok(r) => format!("HTTP {}", r.status()),
-            Err(e) => e.to_string(),
+            Err(e) => with_causes(&e),
         };
         tracing::warn!(target: "mooncake_connector::proxy", %url, "{role} backend's model list: {why}");
         tried.push(format!("{url}: {why}"));
@@ -330,6 +330,19 @@ async fn models(State(s): State<Arc<ProxyState>>) -> Response {
         .into_response()
 }
 
+/// An error and its causes ("error sending request" alone hides "connection
+/// refused").
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
+}
+
 /// Reads at most `max` bytes of `r`'s body within `within`.
 async fn read_capped(
     mut r: reqwest::Response,
@@ -338,7 +351,7 @@ async fn read_capped(
 ) -> Result<Vec<u8>, String> {
     let read = async {
         let mut body = Vec::new();
-        while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
+        while let Some(chunk) = r.chunk().await.map_err(|e| with_causes(&e))? {
             if body.len() + chunk.len() > max {
                 return Err(format!("the answer is over {max} bytes"));
             }
@@ -561,7 +574,7 @@ pub async fn wait_ready(
                     continue;
                 }
                 Ok(r) => last_models = format!("HTTP {}", r.status()),
-                Err(e) => last_models = e.to_string(),
+                Err(e) => last_models = with_causes(&e),
             }
         } else {
             let per_try = left.min(Duration::from_secs(30));
@@ -597,7 +610,7 @@ pub async fn wait_ready(
                         Err(e) => format!("HTTP {status}, then {e}"),
                     }
                 }
-                Err(e) => e.to_string(),
+                Err(e) => with_causes(&e),
             };
             last_completion = Some(why);
         }
