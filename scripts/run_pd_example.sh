@@ -8,7 +8,15 @@
 # Environment: PREFILL_TP, DECODE_TP (default 1), PREFILL_PORT, DECODE_PORT,
 # PROXY_PORT, BOOTSTRAP_PORT, REQUESTS (16), CONCURRENCY (4), MAX_LEN,
 # CARGO_PROFILE (debug|release, default debug), MAX_THREADS ("P D": fail if
-# the prefiller's or decoder's peak thread count goes above these).
+# the prefiller's or decoder's peak thread count goes above these),
+# PROXY_HEALTH (default "yes"; "none" starts the proxy with
+# --completions-only, without /health and /v1/models like vLLM's
+# mooncake_connector_proxy.py, so the client's readiness check falls back
+# to a plain completion), WAIT_SECS (120: how long the client waits for
+# the proxy).
+#
+# Nothing here waits on the proxy's /health: pd_client waits for
+# /v1/models, or a plain completion where there is none.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +29,13 @@ BOOTSTRAP_PORT=${BOOTSTRAP_PORT:-8998}
 REQUESTS=${REQUESTS:-16}
 CONCURRENCY=${CONCURRENCY:-4}
 MAX_LEN=${MAX_LEN:-3000}
+PROXY_HEALTH=${PROXY_HEALTH:-yes}
+WAIT_SECS=${WAIT_SECS:-120}
+case "$PROXY_HEALTH" in
+  yes) proxy_flags=() ;;
+  none) proxy_flags=(--completions-only) ;;
+  *) echo "PROXY_HEALTH must be yes or none, not $PROXY_HEALTH"; exit 2 ;;
+esac
 PROFILE=${CARGO_PROFILE:-debug}
 LOGDIR=${LOGDIR:-target/pd-example}
 mkdir -p "$LOGDIR"
@@ -57,9 +72,9 @@ echo "starting decode (TP $DECODE_TP) on :$DECODE_PORT"
 pids+=($!); decode_pid=$!
 wait_health "http://127.0.0.1:$PREFILL_PORT" prefill "$prefill_pid"
 wait_health "http://127.0.0.1:$DECODE_PORT" decode "$decode_pid"
-echo "starting proxy on :$PROXY_PORT"
+echo "starting proxy on :$PROXY_PORT${proxy_flags:+ (${proxy_flags[*]}: no /health, no /v1/models)}"
 "$BIN/proxy" --port "$PROXY_PORT" --prefill "http://127.0.0.1:$PREFILL_PORT" "$BOOTSTRAP_PORT" \
-  --decode "http://127.0.0.1:$DECODE_PORT" >"$LOGDIR/proxy.log" 2>&1 &
+  --decode "http://127.0.0.1:$DECODE_PORT" ${proxy_flags[@]+"${proxy_flags[@]}"} >"$LOGDIR/proxy.log" 2>&1 &
 pids+=($!)
 
 # Peak thread count of a process while the client runs (from /proc): the
@@ -78,9 +93,18 @@ rm -f "$LOGDIR/.client-done"
 sample_threads "$prefill_pid" "$LOGDIR/prefill.threads" & sampler1=$!
 sample_threads "$decode_pid" "$LOGDIR/decode.threads" & sampler2=$!
 
+client_rc=0
 "$BIN/pd_client" --url "http://127.0.0.1:$PROXY_PORT" --requests "$REQUESTS" \
-  --concurrency "$CONCURRENCY" --max-len "$MAX_LEN"
+  --concurrency "$CONCURRENCY" --max-len "$MAX_LEN" --wait-secs "$WAIT_SECS" \
+  | tee "$LOGDIR/client.log" || client_rc=$?
 touch "$LOGDIR/.client-done"
+if [ "$client_rc" != 0 ]; then
+  wait "$sampler1" "$sampler2" || true
+  echo "pd_client failed (exit $client_rc); proxy log:"; tail -20 "$LOGDIR/proxy.log"; exit 1
+fi
+# A readiness probe answered through the proxy is one more PD request.
+probes=$(awk -F': ' '/^readiness probe completions:/{print $2}' "$LOGDIR/client.log")
+probes=${probes:-0}
 wait "$sampler1" "$sampler2" || true
 echo "peak threads while the requests ran (concurrency $CONCURRENCY): prefill $(cat "$LOGDIR/prefill.threads"), decode $(cat "$LOGDIR/decode.threads")"
 if [ -n "${MAX_THREADS:-}" ]; then
@@ -99,7 +123,7 @@ for _ in $(seq 1 40); do
   sleep 0.25
 done
 dm=$(curl -sf "http://127.0.0.1:$DECODE_PORT/metrics")
-python3 - "$pm" "$dm" "$REQUESTS" "$PREFILL_TP" "$DECODE_TP" <<'PY'
+python3 - "$pm" "$dm" "$((REQUESTS + probes))" "$PREFILL_TP" "$DECODE_TP" <<'PY'
 import json, sys
 p, d, n, ptp, dtp = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 pc, dc = p["connector"], d["connector"]
@@ -116,4 +140,4 @@ print("prefill: %d transfers, %d bytes, %d descriptors; decode: %d pulls, %d byt
 if errors:
     print("METRICS MISMATCH: " + "; ".join(errors)); sys.exit(1)
 PY
-echo "run_pd_example: OK (prefill TP $PREFILL_TP -> decode TP $DECODE_TP)"
+echo "run_pd_example: OK (prefill TP $PREFILL_TP -> decode TP $DECODE_TP, proxy /health: $PROXY_HEALTH, $probes readiness probe request(s))"
