@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! cargo run --example proxy -- --prefill http://127.0.0.1:8010 [8998|none] \
-//!     --decode http://127.0.0.1:8020 [--bootstrap-addr HOST:PORT]
+//!     --decode http://127.0.0.1:8020 [--bootstrap-addr HOST:PORT] [--completions-only]
 //! ```
+//!
+//! Besides vLLM's routes it serves `GET /health` and `GET /v1/models` (503
+//! until the prefill instances are found); `--completions-only` leaves them
+//! out, as vLLM's proxy does, to check clients against it.
 use mooncake_connector::sim::cli::init_logging;
 use mooncake_connector::sim::proxy::{Proxy, ProxyConfig};
 
