@@ -24,6 +24,7 @@ fn spec() -> ModelSpec {
         head_size: 8,
         block_size: 8,
         num_blocks: 256,
+        ..ModelSpec::default()
     }
 }
 
@@ -47,6 +48,7 @@ async fn serve(
         env,
         spec: spec(),
         tp: 1,
+        pp: 1,
         dp_rank: 0,
         model_name: "sim".into(),
         max_num_seqs,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use mooncake_connector::connector::producer::vet_pull;
 use mooncake_connector::connector::protocol::{encode, XferMetadata};
 use mooncake_connector::connector::regions::{
-    request_descriptors, select_blocks, KvLayout, KvRegion,
+    request_descriptors, select_blocks, KvHeads, KvLayout, KvRegion,
 };
 use proptest::prelude::*;
 
@@ -26,6 +26,9 @@ fn layout(tp_size: usize, tp_rank: usize) -> KvLayout {
             .collect(),
         tp_size,
         tp_rank,
+        pp_size: 1,
+        pp_rank: 0,
+        heads: KvHeads::Split,
     }
 }
 
@@ -58,7 +61,7 @@ fn valid(blocks: Vec<Vec<u64>>) -> XferMetadata {
 fn exercise(payload: &[u8]) {
     for (tp, rank) in [(1, 0), (2, 1), (4, 3)] {
         let p = layout(tp, rank);
-        let Ok((meta, plan)) = vet_pull(&p, NUM_BLOCKS, payload) else {
+        let Ok((meta, plan)) = vet_pull(&p, NUM_BLOCKS, 1, payload) else {
             continue;
         };
         // Accepted: every request plans into descriptors or a clean error,
@@ -148,17 +151,17 @@ proptest! {
         let p = layout(1, 0);
         let mut m = valid(vec![vec![1]]);
         m.remote_tp_size = tp_size;
-        let e = vet_pull(&p, NUM_BLOCKS, &encode(&m)).err().expect("refused");
+        let e = vet_pull(&p, NUM_BLOCKS, 1, &encode(&m)).err().expect("refused");
         prop_assert!(e.detail.contains("remote_tp_size"), "{}", e.detail);
         let mut m = valid(vec![vec![1]]);
         m.remote_port = port;
-        let e = vet_pull(&p, NUM_BLOCKS, &encode(&m)).err().expect("refused");
+        let e = vet_pull(&p, NUM_BLOCKS, 1, &encode(&m)).err().expect("refused");
         prop_assert!(e.detail.contains("remote_port"), "{}", e.detail);
         let m = valid(vec![vec![1, id]]);
-        let e = vet_pull(&p, NUM_BLOCKS, &encode(&m)).err().expect("refused");
+        let e = vet_pull(&p, NUM_BLOCKS, 1, &encode(&m)).err().expect("refused");
         prop_assert!(e.detail.contains("req_blocks"), "{}", e.detail);
         let m = valid(vec![(0..NUM_BLOCKS + 1).collect()]);
-        let e = vet_pull(&p, NUM_BLOCKS, &encode(&m)).err().expect("refused");
+        let e = vet_pull(&p, NUM_BLOCKS, 1, &encode(&m)).err().expect("refused");
         prop_assert!(e.detail.contains("req_blocks"), "{}", e.detail);
     }
 }
@@ -166,7 +169,7 @@ proptest! {
 #[test]
 fn a_valid_message_is_accepted() {
     let p = layout(1, 0);
-    let (meta, plan) = vet_pull(&p, NUM_BLOCKS, &encode(&valid(vec![vec![1, 2, 3]]))).unwrap();
+    let (meta, plan) = vet_pull(&p, NUM_BLOCKS, 1, &encode(&valid(vec![vec![1, 2, 3]]))).unwrap();
     assert_eq!(meta.req_blocks.len(), 1);
     assert_eq!(plan.need_send, 1);
 }

@@ -182,7 +182,7 @@ async fn absurd_field_values_get_an_error_reply_naming_the_field() {
         d.ranks[0].0.layout.fill_metadata(&mut m);
         m
     };
-    let num_blocks = p.ctx(0).spec.num_blocks;
+    let num_blocks = p.ctx(0).spec.max_blocks();
     let cases: Vec<(&str, Edit)> = vec![
         ("remote_tp_size", Box::new(|m| m.remote_tp_size = 1 << 34)),
         ("remote_tp_size", Box::new(|m| m.remote_tp_size = 1 << 63)),

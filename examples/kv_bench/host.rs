@@ -32,6 +32,7 @@ async fn decode_connector(layout: &BenchLayout, blocks: u64, path: BenchPath) ->
         env: env(),
         cache: layout.cache_spec(1, blocks),
         tp: 1,
+        pp: 1,
         dp_rank: 0,
     };
     // A consumer sends no events.

@@ -116,6 +116,7 @@ async fn start_prefill(
         },
         cache: layout.cache_spec(tp, num_blocks),
         tp,
+        pp: 1,
         dp_rank: 0,
     };
     let connector = Connector::start(opts, events)

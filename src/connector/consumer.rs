@@ -52,6 +52,8 @@ pub struct PullOutcome {
 pub struct RemoteEngine {
     /// TP size (the number of TP ranks registered).
     pub tp_size: usize,
+    /// PP size (the most PP stages any TP rank registered).
+    pub pp_size: usize,
     /// tp rank → pp rank → side-channel address.
     pub workers: BTreeMap<usize, BTreeMap<usize, String>>,
 }
@@ -154,6 +156,7 @@ impl Consumer {
                 entry.engine_id.clone(),
                 RemoteEngine {
                     tp_size: workers.len(),
+                    pp_size: workers.values().map(|m| m.len()).max().unwrap_or(1),
                     workers,
                 },
             );
@@ -187,7 +190,19 @@ impl Consumer {
             self.count(0, ids.len());
             return fail_all(e.detail);
         }
-        let targets = target_ranks(layout.tp_size, remote.tp_size, layout.tp_rank);
+        // TP ranks by vLLM's pairing rule; PP stages: the same stage when
+        // both sides split the layers alike, else every stage (each answers
+        // for the layers it shares with this one).
+        let stages: Vec<usize> = if remote.pp_size == layout.pp_size {
+            vec![layout.pp_rank]
+        } else {
+            (0..remote.pp_size).collect()
+        };
+        let targets: Vec<(usize, usize)> =
+            target_ranks(layout.tp_size, remote.tp_size, layout.tp_rank)
+                .into_iter()
+                .flat_map(|t| stages.iter().map(move |&s| (t, s)))
+                .collect();
         let payload = Bytes::from(encode(&self.pull_metadata(&reqs)));
         let started = Instant::now();
         let per_rank = self.pull_from_ranks(&remote, &targets, payload, &ids).await;
@@ -221,6 +236,7 @@ impl Consumer {
             registered_group_indices: vec![],
             remote_pp_size: 1,
         };
+        // Sets remote_tp_size/rank, remote_pp_size and the regions.
         self.ctx.layout.fill_metadata(&mut meta);
         meta
     }
@@ -230,15 +246,15 @@ impl Consumer {
     async fn pull_from_ranks(
         &self,
         remote: &RemoteEngine,
-        targets: &[usize],
+        targets: &[(usize, usize)],
         payload: Bytes,
         ids: &[String],
     ) -> Vec<Results> {
-        futures::future::join_all(targets.iter().map(|&p_rank| {
+        futures::future::join_all(targets.iter().map(|&(p_rank, p_stage)| {
             let addr = remote
                 .workers
                 .get(&p_rank)
-                .and_then(|pps| pps.get(&0))
+                .and_then(|pps| pps.get(&p_stage))
                 .cloned();
             let payload = payload.clone();
             async move {
@@ -248,7 +264,9 @@ impl Consumer {
                         .map(|d| {
                             (
                                 d.clone(),
-                                Err(format!("P tp_rank {p_rank} is not registered")),
+                                Err(format!(
+                                    "P tp_rank {p_rank} pp_rank {p_stage} is not registered"
+                                )),
                             )
                         })
                         .collect(),
@@ -270,9 +288,7 @@ impl Consumer {
         let bytes: u64 = reqs
             .iter()
             .filter(|r| out.ok.contains(&r.d_req_id))
-            .map(|r| {
-                r.blocks.iter().map(|g| g.len() as u64).sum::<u64>() * self.kv_bytes_per_block()
-            })
+            .map(|r| self.kv_bytes(&r.blocks))
             .sum();
         ConnectorStats::add(&self.ctx.stats.bytes_received, bytes);
         self.count(out.ok.len(), out.failed.len());
@@ -285,8 +301,23 @@ impl Consumer {
         }
     }
 
-    fn kv_bytes_per_block(&self) -> u64 {
-        self.ctx.layout.regions.iter().map(|r| r.kv_block_len).sum()
+    /// The KV bytes `blocks` (ids per group) cover in this worker's
+    /// regions, storage shared by several layers counted once.
+    fn kv_bytes(&self, blocks: &GroupBlocks) -> u64 {
+        let mut seen = std::collections::HashSet::new();
+        self.ctx
+            .layout
+            .regions
+            .iter()
+            .filter(|r| seen.insert((r.base, r.group_index)))
+            .map(|r| {
+                let n = usize::try_from(r.group_index)
+                    .ok()
+                    .and_then(|g| blocks.get(g))
+                    .map_or(0, Vec::len);
+                n as u64 * r.kv_block_len
+            })
+            .sum()
     }
 
     fn count(&self, ok: usize, failed: usize) {

@@ -21,6 +21,9 @@ pub use config::{
 pub use consumer::{Consumer, PullOutcome, PullRequest};
 pub use error::{ConnectorError, ConnectorErrorCode};
 pub use producer::{Producer, ProducerEvent};
+pub use regions::KvHeads;
 pub use start::{Connector, ConnectorOptions, ConnectorRank};
 pub use stats::{ConnectorStats, StatsSnapshot};
-pub use worker::{build_engine, engine_protocol, KvCacheSpec, WorkerContext};
+pub use worker::{
+    build_engine, engine_protocol, pp_layer_range, KvCacheSpec, LayerSpec, WorkerContext,
+};

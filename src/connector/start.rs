@@ -26,15 +26,18 @@ pub struct ConnectorOptions {
     pub kv: KvTransferConfig,
     /// `VLLM_MOONCAKE_*` / `VLLM_HOST_IP` settings.
     pub env: ConnectorEnv,
-    /// One TP rank's KV cache geometry.
+    /// One TP rank's KV cache geometry, every layer of the model (each PP
+    /// stage takes its share, see [`KvCacheSpec::stage`]).
     pub cache: KvCacheSpec,
-    /// Tensor-parallel workers (one per rank, all in this process).
+    /// Tensor-parallel size.
     pub tp: usize,
+    /// Pipeline-parallel size: `tp × pp` workers in all, in this process.
+    pub pp: usize,
     /// Data-parallel rank of this engine.
     pub dp_rank: u32,
 }
 
-/// One TP rank of a running connector.
+/// One worker (TP rank of a PP stage) of a running connector.
 pub struct ConnectorRank {
     /// The rank's engine, registered KV cache and layout.
     pub ctx: Arc<WorkerContext>,
@@ -81,9 +84,12 @@ impl Connector {
         events: mpsc::UnboundedSender<ProducerEvent>,
     ) -> Result<Self, ConnectorError> {
         let stats = Arc::new(ConnectorStats::default());
-        let mut ranks = Vec::with_capacity(opts.tp);
-        for rank in 0..opts.tp {
-            ranks.push(start_rank(&opts, rank, &stats, &events).await?);
+        let pp = opts.pp.max(1);
+        let mut ranks = Vec::with_capacity(opts.tp * pp);
+        for stage in 0..pp {
+            for rank in 0..opts.tp {
+                ranks.push(start_rank(&opts, (rank, stage), &stats, &events).await?);
+            }
         }
         let mut connector = Self {
             ranks,
@@ -111,28 +117,29 @@ impl Connector {
         };
         let client = BootstrapClient::new(opts.env.connector_timeout, RetryPolicy::default())
             .with_token(opts.env.bootstrap_token.clone());
-        for (rank, r) in self.ranks.iter().enumerate() {
+        for r in &self.ranks {
             let Some(p) = &r.producer else { continue };
             let req = RegisterRequest {
                 engine_id: opts.kv.engine_id.clone(),
                 dp_rank: opts.dp_rank,
-                tp_rank: rank as u32,
-                pp_rank: 0,
+                tp_rank: r.ctx.layout.tp_rank as u32,
+                pp_rank: r.ctx.layout.pp_rank as u32,
                 addr: p.side_channel_addr().to_string(),
                 // vLLM's newer server needs tp_size for TP > 1.
                 tp_size: Some(opts.tp as u32),
-                pp_size: Some(1),
+                pp_size: Some(opts.pp.max(1) as u32),
                 dp_size: None,
             };
             client.register(&url, &req).await?;
         }
         tracing::info!(target: "mooncake_connector::start", engine_id = %opts.kv.engine_id,
-            bootstrap = %url, tp = opts.tp, "prefill workers registered");
+            bootstrap = %url, tp = opts.tp, pp = opts.pp, "prefill workers registered");
         self.bootstrap_url = Some(url);
         Ok(())
     }
 
-    /// Every TP rank, in rank order.
+    /// Every worker: stage 0's TP ranks in rank order, then stage 1's, and
+    /// so on.
     pub fn ranks(&self) -> &[ConnectorRank] {
         &self.ranks
     }
@@ -213,19 +220,20 @@ impl Connector {
 /// side channel (producer) and puller (consumer).
 async fn start_rank(
     opts: &ConnectorOptions,
-    rank: usize,
+    (rank, stage): (usize, usize),
     stats: &Arc<ConnectorStats>,
     events: &mpsc::UnboundedSender<ProducerEvent>,
 ) -> Result<ConnectorRank, ConnectorError> {
+    let pp = opts.pp.max(1);
     let (kv, env, cache, stats) = (
         opts.kv.clone(),
         opts.env.clone(),
-        opts.cache.clone(),
+        opts.cache.stage(pp, stage)?,
         stats.clone(),
     );
     let (tp, dp) = (opts.tp, opts.dp_rank);
     let ctx = tokio::task::spawn_blocking(move || {
-        WorkerContext::new(kv, env, cache, tp, rank, dp, stats)
+        WorkerContext::new(kv, env, cache, (tp, rank), (pp, stage), dp, stats)
     })
     .await
     .map_err(|e| ConnectorError::config("worker setup", e))??;
@@ -255,7 +263,7 @@ async fn start_embedded_bootstrap(
     let expected = ExpectedTopology {
         dp_size: 1,
         tp_size: opts.tp as u32,
-        pp_size: 1,
+        pp_size: opts.pp.max(1) as u32,
     };
     BootstrapServer::start_with_token(bind, Some(expected), opts.env.bootstrap_token.clone()).await
 }

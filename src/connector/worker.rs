@@ -6,28 +6,225 @@ use mooncake::{Access, Engine, ErrorCode, HostBuffer, LocalMemory, Protocol, Reg
 
 use super::config::{ConnectorEnv, KvTransferConfig, MooncakeProtocol};
 use super::error::ConnectorError;
-use super::regions::{KvLayout, KvRegion};
+use super::regions::{KvHeads, KvLayout, KvRegion};
 use super::stats::ConnectorStats;
 
-/// The geometry of one worker's KV cache: `regions` layer regions of
-/// `num_blocks` blocks each, laid out back to back in one registration.
+/// One layer's KV region in a worker's cache: block `b` at
+/// `b × block_len` from the region's start, `kv_block_len` payload bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KvCacheSpec {
-    /// Layer names, one region each.
-    pub layer_names: Vec<String>,
-    /// Blocks per region.
+pub struct LayerSpec {
+    /// Layer name, e.g. `model.layers.0.self_attn.attn` (what regions are
+    /// matched by across engines).
+    pub name: String,
+    /// Layer index in the model.
+    pub index: i64,
+    /// KV-cache group (hybrid models have several, each with its own block
+    /// ids and block size).
+    pub group: i64,
+    /// Blocks in the region.
     pub num_blocks: u64,
     /// Byte stride between blocks.
     pub block_len: u64,
-    /// Payload bytes per block.
+    /// Payload bytes per block (≤ `block_len`).
     pub kv_block_len: u64,
+    /// The position (in [`KvCacheSpec::layers`]) of an earlier layer whose
+    /// storage this layer uses: such a layer is registered once and its
+    /// bytes move once.
+    pub shares_with: Option<usize>,
+}
+
+/// The geometry of a model's KV cache as one worker (TP rank) sees it:
+/// its layers' regions, back to back in one registration, and how heads are
+/// spread over TP ranks. With PP, [`KvCacheSpec::stage`] gives the layers
+/// one stage owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvCacheSpec {
+    /// The layers, in registration order.
+    pub layers: Vec<LayerSpec>,
+    /// How KV heads are spread over TP ranks.
+    pub heads: KvHeads,
+    /// KV-cache groups of the whole model (a PP stage may own layers of
+    /// only some; requests carry block ids for every group).
+    pub groups: usize,
 }
 
 impl KvCacheSpec {
-    /// Bytes of one region.
-    pub fn region_bytes(&self) -> u64 {
-        self.num_blocks * self.block_len
+    /// `layer_names.len()` layers of one group, each `num_blocks` blocks of
+    /// `block_len` bytes with `kv_block_len` payload, heads split evenly.
+    pub fn uniform(
+        layer_names: Vec<String>,
+        num_blocks: u64,
+        block_len: u64,
+        kv_block_len: u64,
+    ) -> Self {
+        Self {
+            layers: layer_names
+                .into_iter()
+                .enumerate()
+                .map(|(i, name)| LayerSpec {
+                    name,
+                    index: i as i64,
+                    group: 0,
+                    num_blocks,
+                    block_len,
+                    kv_block_len,
+                    shares_with: None,
+                })
+                .collect(),
+            heads: KvHeads::Split,
+            groups: 1,
+        }
     }
+
+    /// The layers PP stage `pp_rank` of `pp_size` owns: contiguous ranges,
+    /// as vLLM splits them (an even share each; the layers left over go one
+    /// each to the stages before the last, counting back from it). A layer
+    /// sharing storage with a layer of another stage gets its own storage.
+    pub fn stage(&self, pp_size: usize, pp_rank: usize) -> Result<Self, ConnectorError> {
+        let range = pp_layer_range(self.layers.len(), pp_size, pp_rank)?;
+        let start = range.start;
+        let layers = self.layers[range]
+            .iter()
+            .map(|l| LayerSpec {
+                shares_with: l.shares_with.and_then(|j| j.checked_sub(start)),
+                ..l.clone()
+            })
+            .collect();
+        Ok(Self {
+            layers,
+            heads: self.heads,
+            groups: self.groups,
+        })
+    }
+
+    /// Checks the layers: positive sizes, payload within the stride, a
+    /// shared layer naming an earlier, unshared layer of the same geometry.
+    pub fn validate(&self) -> Result<(), ConnectorError> {
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.group < 0 || l.group as usize >= self.groups.max(1) {
+                return Err(ConnectorError::config(
+                    "KV cache",
+                    format!(
+                        "layer {:?} is in group {} of {}",
+                        l.name, l.group, self.groups
+                    ),
+                ));
+            }
+            if l.num_blocks == 0 || l.block_len == 0 || l.kv_block_len == 0 {
+                return Err(ConnectorError::config(
+                    "KV cache",
+                    format!("layer {:?} has an empty geometry", l.name),
+                ));
+            }
+            if l.kv_block_len > l.block_len {
+                return Err(ConnectorError::config(
+                    "KV cache",
+                    format!(
+                        "layer {:?}: kv_block_len {} exceeds block_len {}",
+                        l.name, l.kv_block_len, l.block_len
+                    ),
+                ));
+            }
+            if let Some(j) = l.shares_with {
+                let ok = j < i
+                    && self.layers[j].shares_with.is_none()
+                    && self.layers[j].num_blocks == l.num_blocks
+                    && self.layers[j].block_len == l.block_len
+                    && self.layers[j].group == l.group;
+                if !ok {
+                    return Err(ConnectorError::config(
+                        "KV cache",
+                        format!("layer {:?} shares storage with layer {j}, which is not an earlier unshared layer of the same group and geometry", l.name),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Byte offset of each layer's region in the registration, and the
+    /// registration's size.
+    pub fn offsets(&self) -> Result<(Vec<u64>, u64), ConnectorError> {
+        let mut offsets = Vec::with_capacity(self.layers.len());
+        let mut total = 0u64;
+        for l in &self.layers {
+            match l.shares_with {
+                Some(j) => offsets.push(offsets[j]),
+                None => {
+                    offsets.push(total);
+                    total = l
+                        .num_blocks
+                        .checked_mul(l.block_len)
+                        .and_then(|b| total.checked_add(b))
+                        .ok_or_else(|| ConnectorError::config("KV cache", "size overflows"))?;
+                }
+            }
+        }
+        Ok((offsets, total))
+    }
+
+    /// The layout of a cache with this geometry registered at `base`, for
+    /// TP rank `tp.1` of `tp.0` in PP stage `pp.1` of `pp.0`.
+    pub fn layout(
+        &self,
+        base: u64,
+        tp: (usize, usize),
+        pp: (usize, usize),
+    ) -> Result<KvLayout, ConnectorError> {
+        let (offsets, _) = self.offsets()?;
+        let regions = self
+            .layers
+            .iter()
+            .zip(&offsets)
+            .map(|(l, off)| KvRegion {
+                base: base + off,
+                block_len: l.block_len,
+                kv_block_len: l.kv_block_len,
+                layer_name: l.name.clone(),
+                layer_index: l.index,
+                group_index: l.group,
+            })
+            .collect();
+        Ok(KvLayout {
+            regions,
+            tp_size: tp.0,
+            tp_rank: tp.1,
+            pp_size: pp.0,
+            pp_rank: pp.1,
+            heads: self.heads,
+        })
+    }
+
+    /// The most blocks any region has (the bound for block ids on the
+    /// wire).
+    pub fn max_blocks(&self) -> u64 {
+        self.layers.iter().map(|l| l.num_blocks).max().unwrap_or(0)
+    }
+}
+
+/// The layers `[start, end)` PP stage `pp_rank` of `pp_size` owns out of
+/// `layers` (vLLM's split: an even share each, the remainder one each to
+/// the stages before the last, counting back).
+pub fn pp_layer_range(
+    layers: usize,
+    pp_size: usize,
+    pp_rank: usize,
+) -> Result<std::ops::Range<usize>, ConnectorError> {
+    if pp_size == 0 || pp_rank >= pp_size || layers < pp_size {
+        return Err(ConnectorError::config(
+            "pipeline_parallel_size",
+            format!("{layers} layers cannot be split into {pp_size} stages (stage {pp_rank})"),
+        ));
+    }
+    let mut sizes = vec![layers / pp_size; pp_size];
+    for k in 0..layers % pp_size {
+        // Stages pp-2, pp-3, ... take one more layer each (the last keeps
+        // its share: it also runs the head of the model).
+        let idx = (pp_size + pp_size - 2 - k) % pp_size;
+        sizes[idx] += 1;
+    }
+    let start: usize = sizes[..pp_rank].iter().sum();
+    Ok(start..start + sizes[pp_rank])
 }
 
 /// A worker's shared state.
@@ -41,6 +238,8 @@ pub struct WorkerContext {
     pub layout: KvLayout,
     /// The cache's geometry.
     pub spec: KvCacheSpec,
+    /// Byte offset of each region in `kv`.
+    pub offsets: Vec<u64>,
     /// Connector configuration.
     pub config: KvTransferConfig,
     /// Environment settings.
@@ -147,44 +346,32 @@ fn build_in_store(
 
 impl WorkerContext {
     /// Builds the engine, allocates and registers the KV cache (one region
-    /// per layer) and describes it.
+    /// per layer, shared storage once) and describes it. `spec` holds this
+    /// worker's layers (its PP stage's, see [`KvCacheSpec::stage`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: KvTransferConfig,
         env: ConnectorEnv,
         spec: KvCacheSpec,
-        tp_size: usize,
-        tp_rank: usize,
+        (tp_size, tp_rank): (usize, usize),
+        (pp_size, pp_rank): (usize, usize),
         dp_rank: u32,
         stats: Arc<ConnectorStats>,
     ) -> Result<Self, ConnectorError> {
+        spec.validate()?;
+        let (offsets, total) = spec.offsets()?;
         let engine = build_engine(&config, &env)?;
-        let total = spec.region_bytes() * spec.layer_names.len() as u64;
-        let mem = HostBuffer::new(total as usize)?;
+        let len = usize::try_from(total)
+            .map_err(|_| ConnectorError::config("KV cache", "too large for this machine"))?;
+        let mem = HostBuffer::new(len)?;
         let kv = Arc::new(engine.register(mem, "*", Access::RemoteAccessible)?);
-        let base = kv.addr();
-        let regions = spec
-            .layer_names
-            .iter()
-            .enumerate()
-            .map(|(i, name)| KvRegion {
-                base: base + i as u64 * spec.region_bytes(),
-                block_len: spec.block_len,
-                kv_block_len: spec.kv_block_len,
-                layer_name: name.clone(),
-                layer_index: i as i64,
-                group_index: 0,
-            })
-            .collect();
-        let layout = KvLayout {
-            regions,
-            tp_size,
-            tp_rank,
-        };
+        let layout = spec.layout(kv.addr(), (tp_size, tp_rank), (pp_size, pp_rank))?;
         Ok(Self {
             engine,
             kv,
             layout,
             spec,
+            offsets,
             config,
             env,
             dp_rank,
@@ -194,7 +381,7 @@ impl WorkerContext {
 
     /// Offset of block `block` of region `region` inside the registration.
     pub fn block_offset(&self, region: usize, block: u64) -> usize {
-        (region as u64 * self.spec.region_bytes() + block * self.spec.block_len) as usize
+        (self.offsets[region] + block * self.spec.layers[region].block_len) as usize
     }
 }
 

@@ -62,3 +62,65 @@ impl BlockPool {
         self.freed.notify_waiters();
     }
 }
+
+/// One [`BlockPool`] per KV-cache group: a request takes block ids from
+/// each (hybrid models have groups with their own block ids).
+pub struct GroupPools {
+    pools: Vec<BlockPool>,
+}
+
+impl GroupPools {
+    /// `groups` pools of blocks `0..n` each.
+    pub fn new(groups: usize, n: usize) -> Self {
+        Self {
+            pools: (0..groups.max(1)).map(|_| BlockPool::new(n)).collect(),
+        }
+    }
+
+    /// Blocks in all, every group.
+    pub fn total(&self) -> usize {
+        self.pools.iter().map(BlockPool::total).sum()
+    }
+
+    /// Blocks free now, every group.
+    pub fn available(&self) -> usize {
+        self.pools.iter().map(BlockPool::available).sum()
+    }
+
+    /// Whether `counts` (per group) fit the pools at all.
+    pub fn fits(&self, counts: &[usize]) -> bool {
+        counts.len() == self.pools.len()
+            && counts.iter().zip(&self.pools).all(|(&n, p)| n <= p.total())
+    }
+
+    /// Takes `counts[g]` blocks from group `g`'s pool, waiting for frees
+    /// (groups in order, so two requests never wait on each other); None if
+    /// they do not fit.
+    pub async fn allocate(&self, counts: &[usize]) -> Option<Vec<Vec<u64>>> {
+        if !self.fits(counts) {
+            return None;
+        }
+        let mut out = Vec::with_capacity(counts.len());
+        for (&n, pool) in counts.iter().zip(&self.pools) {
+            out.push(pool.allocate(n).await?);
+        }
+        Some(out)
+    }
+
+    /// Returns blocks (ids per group).
+    pub fn free(&self, blocks: &[Vec<u64>]) {
+        for (ids, pool) in blocks.iter().zip(&self.pools) {
+            pool.free(ids);
+        }
+    }
+}
+
+/// How many block ids `blocks` holds, every group.
+pub fn count(blocks: &[Vec<u64>]) -> usize {
+    blocks.iter().map(Vec::len).sum()
+}
+
+/// The sum of per-group block counts.
+pub fn count_of(counts: &[usize]) -> usize {
+    counts.iter().sum()
+}

@@ -16,8 +16,8 @@ pub struct ServeArgs {
     pub engine: SimEngineConfig,
 }
 
-const USAGE: &str = "flags: [--host H] [--port P] [--kv-transfer-config JSON] [--tp N] [--layers N] [--heads N] \
-[--head-size N] [--block-size N] [--num-blocks N] [--max-num-seqs N] [--prefill-us-per-token N] [--remote-decode-block-budget N] [--model NAME]
+const USAGE: &str = "flags: [--host H] [--port P] [--kv-transfer-config JSON] [--tp N] [--pp N] [--layers N] [--heads N] \
+[--head-size N] [--block-size N] [--num-blocks N] [--mla] [--hybrid] [--max-num-seqs N] [--prefill-us-per-token N] [--remote-decode-block-budget N] [--model NAME]
 env: VLLM_MOONCAKE_BOOTSTRAP_PORT, VLLM_MOONCAKE_CONNECTOR_TIMEOUT, VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, VLLM_HOST_IP";
 
 impl ServeArgs {
@@ -32,6 +32,7 @@ impl ServeArgs {
         );
         let mut spec = ModelSpec::default();
         let mut tp = 1usize;
+        let mut pp = 1usize;
         let mut max_num_seqs = 64usize;
         let mut us_per_token = 0u64;
         let mut budget: Option<usize> = None;
@@ -39,6 +40,16 @@ impl ServeArgs {
         let mut i = 0;
         while i < args.len() {
             let flag = args[i].as_str();
+            // Switches take no value.
+            match flag {
+                "--mla" => spec.mla = true,
+                "--hybrid" => spec.hybrid = true,
+                _ => {}
+            }
+            if matches!(flag, "--mla" | "--hybrid") {
+                i += 1;
+                continue;
+            }
             let val = args
                 .get(i + 1)
                 .cloned()
@@ -57,6 +68,7 @@ impl ServeArgs {
                 }
                 "--kv-transfer-config" => kv_json = val?,
                 "--tp" => tp = num(val)?,
+                "--pp" => pp = num(val)?,
                 "--layers" => spec.layers = num(val)?,
                 "--heads" => spec.heads = num(val)?,
                 "--head-size" => spec.head_size = num(val)?,
@@ -74,6 +86,7 @@ impl ServeArgs {
         let kv = KvTransferConfig::from_json(&kv_json).map_err(|e| e.to_string())?;
         let env = ConnectorEnv::from_env().map_err(|e| e.to_string())?;
         spec.validate(tp)?;
+        crate::connector::pp_layer_range(spec.layers, pp, 0).map_err(|e| e.detail)?;
         // Default: half the cache may wait for remote decoders.
         let budget = budget.unwrap_or(spec.num_blocks.div_ceil(2));
         Ok(Self {
@@ -84,6 +97,7 @@ impl ServeArgs {
                 env,
                 spec,
                 tp,
+                pp,
                 dp_rank: 0,
                 model_name,
                 max_num_seqs,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Semaphore};
 
-use super::blocks::BlockPool;
+use super::blocks::{self, GroupPools};
 use super::compute_pool::ComputePool;
 use super::kv_check;
 use super::model::{self, ModelSpec};
@@ -35,8 +35,10 @@ pub struct SimEngineConfig {
     pub env: ConnectorEnv,
     /// Model and cache geometry.
     pub spec: ModelSpec,
-    /// Tensor-parallel workers.
+    /// Tensor-parallel workers (per stage).
     pub tp: usize,
+    /// Pipeline-parallel stages (`tp × pp` workers in all).
+    pub pp: usize,
     /// Data-parallel rank of this engine.
     pub dp_rank: u32,
     /// Model name reported in responses.
@@ -53,7 +55,7 @@ pub struct SimEngineConfig {
 
 struct Held {
     ranks_left: usize,
-    blocks: Vec<u64>,
+    blocks: Vec<Vec<u64>>,
     since: Instant,
 }
 
@@ -61,7 +63,7 @@ struct Held {
 pub struct SimEngine {
     cfg: SimEngineConfig,
     connector: Connector,
-    pool: BlockPool,
+    pool: GroupPools,
     compute: ComputePool,
     sched: Semaphore,
     stats: Arc<ConnectorStats>,
@@ -89,12 +91,13 @@ impl SimEngine {
             env: cfg.env.clone(),
             cache: cfg.spec.cache_spec(cfg.tp),
             tp: cfg.tp,
+            pp: cfg.pp,
             dp_rank: cfg.dp_rank,
         };
         let connector = Connector::start(options, tx).await?;
         let stats = connector.stats().clone();
         let engine = Arc::new(Self {
-            pool: BlockPool::new(cfg.spec.num_blocks),
+            pool: GroupPools::new(cfg.spec.groups(), cfg.spec.num_blocks),
             compute: ComputePool::new(ComputePool::default_size())
                 .map_err(|e| ConnectorError::config("compute threads", e.to_string()))?,
             sched: Semaphore::new(cfg.max_num_seqs.max(1)),
@@ -139,6 +142,7 @@ impl SimEngine {
             "role": self.cfg.kv.kv_role.as_str(),
             "engine_id": self.cfg.kv.engine_id,
             "tp": self.cfg.tp,
+            "pp": self.cfg.pp,
             "connector": s,
             "blocks_total": self.pool.total(),
             "blocks_free": self.pool.available(),
@@ -165,7 +169,7 @@ impl SimEngine {
         let list: Vec<Value> = v
             .iter()
             .take(32)
-            .map(|(id, h)| json!({"request": id, "blocks": h.blocks.len(), "age_s": h.since.elapsed().as_secs_f64()}))
+            .map(|(id, h)| json!({"request": id, "blocks": blocks::count(&h.blocks), "age_s": h.since.elapsed().as_secs_f64()}))
             .collect();
         json!({"oldest_age_s": oldest, "requests": list})
     }
@@ -204,7 +208,7 @@ impl SimEngine {
         if h.ranks_left == 0 {
             let h = held.remove(p_req_id).expect("present");
             self.pool.free(&h.blocks);
-            self.release_remote(h.blocks.len());
+            self.release_remote(blocks::count(&h.blocks));
         }
     }
 
@@ -220,11 +224,11 @@ impl SimEngine {
             return Err(GenerateError::bad_request("the prompt is empty"));
         }
         let tokens = model::tokenize(&req.prompt);
-        let needed = self.cfg.spec.blocks_for(tokens.len());
-        if needed > self.pool.total() {
+        let needed = self.cfg.spec.blocks_per_group(tokens.len());
+        if !self.pool.fits(&needed) {
             return Err(GenerateError::bad_request(format!(
-                "the prompt needs {needed} KV blocks; the cache has {}",
-                self.pool.total()
+                "the prompt needs {needed:?} KV blocks (per group); the cache has {} per group",
+                self.cfg.spec.num_blocks
             )));
         }
         let kv = req.kv.clone().unwrap_or_default();
@@ -269,7 +273,7 @@ impl SimEngine {
         }
     }
 
-    async fn compute(self: &Arc<Self>, tokens: Arc<Vec<u32>>, blocks: Arc<Vec<u64>>) {
+    async fn compute(self: &Arc<Self>, tokens: Arc<Vec<u32>>, blocks: Arc<Vec<Vec<u64>>>) {
         let delay = self.cfg.prefill_time_per_token * tokens.len() as u32;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
@@ -281,14 +285,14 @@ impl SimEngine {
             .expect("prefill compute task");
     }
 
-    fn fill_kv(&self, tokens: &[u32], blocks: &[u64]) {
+    fn fill_kv(&self, tokens: &[u32], blocks: &[Vec<u64>]) {
         let ranks = self.connector.ranks().iter().map(|r| &*r.ctx);
         kv_check::fill_kv(&self.cfg.spec, ranks, tokens, blocks).expect("block inside the cache");
     }
 
     /// Checks the KV in `blocks` on every rank; Ok(digest) or the first
     /// wrong (rank, layer, position, head).
-    fn verify_kv(&self, tokens: &[u32], blocks: &[u64]) -> Result<u64, String> {
+    fn verify_kv(&self, tokens: &[u32], blocks: &[Vec<u64>]) -> Result<u64, String> {
         let ranks = self.connector.ranks().iter().map(|r| &*r.ctx);
         kv_check::verify_kv(&self.cfg.spec, ranks, tokens, blocks)
     }
@@ -301,7 +305,7 @@ impl SimEngine {
         let _permit = self.sched.acquire().await.expect("semaphore open");
         let blocks = self
             .pool
-            .allocate(self.cfg.spec.blocks_for(tokens.len()))
+            .allocate(&self.cfg.spec.blocks_per_group(tokens.len()))
             .await
             .expect("fits, checked");
         let (tokens, blocks) = (Arc::new(tokens), Arc::new(blocks));
@@ -319,14 +323,14 @@ impl SimEngine {
         transfer_id: Option<String>,
         cancelled: Arc<AtomicBool>,
     ) -> Result<GenerateOutput, GenerateError> {
-        let needed = self.cfg.spec.blocks_for(tokens.len());
+        let needed = self.cfg.spec.blocks_per_group(tokens.len());
         if transfer_id.is_some() {
-            self.reserve_remote(needed)?;
+            self.reserve_remote(blocks::count_of(&needed))?;
         }
         if let Some(tid) = &transfer_id {
             self.connector.request_started(tid);
         }
-        let blocks = self.pool.allocate(needed).await.expect("fits, checked");
+        let blocks = self.pool.allocate(&needed).await.expect("fits, checked");
         let (tokens, blocks) = (Arc::new(tokens), Arc::new(blocks));
         self.compute(tokens.clone(), blocks.clone()).await;
         let digest = model::expected_digest(&self.cfg.spec, &tokens);
@@ -344,7 +348,7 @@ impl SimEngine {
                 "prefill aborted; releasing its KV blocks");
             self.connector.request_aborted(&tid);
             self.pool.free(&blocks);
-            self.release_remote(blocks.len());
+            self.release_remote(blocks::count(&blocks));
             self.aborted_prefills.fetch_add(1, Ordering::Relaxed);
             return Err(client_gone());
         }
@@ -358,7 +362,7 @@ impl SimEngine {
             },
         );
         self.connector
-            .request_ready(&tid, &p_req_id, vec![blocks.to_vec()]);
+            .request_ready(&tid, &p_req_id, blocks.to_vec());
         Ok(out)
     }
 
@@ -390,6 +394,7 @@ impl SimEngine {
             engine_id: &engine_id,
             transfer_id: &transfer_id,
             d_req_id: format!("{}-{:08x}", req.request_id, rand_u32()),
+            groups: self.cfg.spec.groups(),
         };
         let (_permit, blocks) = self
             .schedule_decode(&req, tokens.len(), &remote, &cancelled)
@@ -413,12 +418,12 @@ impl SimEngine {
         num_tokens: usize,
         remote: &RemoteKv<'_>,
         cancelled: &AtomicBool,
-    ) -> Result<(tokio::sync::SemaphorePermit<'_>, Vec<u64>), GenerateError> {
+    ) -> Result<(tokio::sync::SemaphorePermit<'_>, Vec<Vec<u64>>), GenerateError> {
         let scheduled = async {
             let permit = self.sched.acquire().await.expect("semaphore open");
             let blocks = self
                 .pool
-                .allocate(self.cfg.spec.blocks_for(num_tokens))
+                .allocate(&self.cfg.spec.blocks_per_group(num_tokens))
                 .await
                 .expect("fits, checked");
             (permit, blocks)
@@ -441,13 +446,13 @@ impl SimEngine {
         &self,
         req: &GenerateRequest,
         remote: &RemoteKv<'_>,
-        blocks: &[u64],
+        blocks: &[Vec<u64>],
         cancelled: &AtomicBool,
     ) -> Result<Option<String>, GenerateError> {
         let pull = PullRequest {
             d_req_id: remote.d_req_id.clone(),
             transfer_id: remote.transfer_id.to_string(),
-            blocks: vec![blocks.to_vec()],
+            blocks: blocks.to_vec(),
         };
         // A client that leaves mid-pull: release the prefiller's blocks at
         // once (an empty pull, vLLM's own release). Our prefiller then ends
@@ -479,7 +484,7 @@ impl SimEngine {
         self: &Arc<Self>,
         req: &GenerateRequest,
         tokens: Vec<u32>,
-        blocks: &[u64],
+        blocks: &[Vec<u64>],
         transfer_id: &str,
         failure: Option<String>,
     ) -> Result<GenerateOutput, GenerateError> {
@@ -559,6 +564,8 @@ struct RemoteKv<'a> {
     engine_id: &'a str,
     transfer_id: &'a str,
     d_req_id: String,
+    /// KV-cache groups (an empty pull lists each).
+    groups: usize,
 }
 
 impl RemoteKv<'_> {
@@ -567,7 +574,7 @@ impl RemoteKv<'_> {
         PullRequest {
             d_req_id: self.d_req_id.clone(),
             transfer_id: self.transfer_id.to_string(),
-            blocks: vec![vec![]],
+            blocks: vec![vec![]; self.groups],
         }
     }
 }

@@ -4,23 +4,25 @@ use crate::connector::WorkerContext;
 
 use super::model::{check_block, fill_block, ModelSpec};
 
-/// Writes the model's KV of `tokens` into `blocks` on every rank (`ranks`
-/// in TP-rank order). Err names a block outside a rank's cache.
+/// Writes the model's KV of `tokens` into `blocks` (block ids per KV-cache
+/// group) on every worker in `ranks` (each its TP rank's heads and its PP
+/// stage's layers). Err names a block outside a worker's cache.
 pub fn fill_kv<'a>(
     spec: &ModelSpec,
     ranks: impl IntoIterator<Item = &'a WorkerContext>,
     tokens: &[u32],
-    blocks: &[u64],
+    blocks: &[Vec<u64>],
 ) -> Result<(), String> {
-    let ranks: Vec<&WorkerContext> = ranks.into_iter().collect();
-    let tp = ranks.len();
-    let mut buf = vec![0u8; spec.kv_block_len(tp)];
-    for (rank, ctx) in ranks.iter().enumerate() {
-        for layer in 0..spec.layers {
-            for (i, &b) in blocks.iter().enumerate() {
+    for ctx in ranks {
+        let (tp, rank) = (ctx.layout.tp_size, ctx.layout.tp_rank);
+        for (ri, region) in ctx.layout.regions.iter().enumerate() {
+            let layer = region.layer_index as usize;
+            let ids = group_blocks(blocks, region.group_index)?;
+            let mut buf = vec![0u8; region.kv_block_len as usize];
+            for (i, &b) in ids.iter().enumerate() {
                 fill_block(spec, tp, rank, layer, tokens, i, &mut buf);
                 ctx.kv
-                    .write_shared(ctx.block_offset(layer, b), &buf)
+                    .write_shared(ctx.block_offset(ri, b), &buf)
                     .map_err(|e| format!("rank {rank} layer {layer} block {b}: {e}"))?;
             }
         }
@@ -28,29 +30,31 @@ pub fn fill_kv<'a>(
     Ok(())
 }
 
-/// Checks the KV of `tokens` in `blocks` on every rank (every position but
-/// the last, which a decoder recomputes itself); Ok(digest) or the first
-/// wrong (rank, layer, position, head).
+/// Checks the KV of `tokens` in `blocks` on every worker (every position
+/// but the last, which a decoder recomputes itself); Ok(digest) or the
+/// first wrong (rank, layer, position, head).
 pub fn verify_kv<'a>(
     spec: &ModelSpec,
     ranks: impl IntoIterator<Item = &'a WorkerContext>,
     tokens: &[u32],
-    blocks: &[u64],
+    blocks: &[Vec<u64>],
 ) -> Result<u64, String> {
-    let ranks: Vec<&WorkerContext> = ranks.into_iter().collect();
-    let tp = ranks.len();
     let limit = tokens.len().saturating_sub(1);
     let mut digest = 0u64;
-    let mut buf = vec![0u8; spec.kv_block_len(tp)];
-    for (rank, ctx) in ranks.iter().enumerate() {
-        for layer in 0..spec.layers {
-            for (i, &b) in blocks
+    for ctx in ranks {
+        let (tp, rank) = (ctx.layout.tp_size, ctx.layout.tp_rank);
+        for (ri, region) in ctx.layout.regions.iter().enumerate() {
+            let layer = region.layer_index as usize;
+            let group = region.group_index as usize;
+            let ids = group_blocks(blocks, region.group_index)?;
+            let mut buf = vec![0u8; region.kv_block_len as usize];
+            for (i, &b) in ids
                 .iter()
                 .enumerate()
-                .take(spec.blocks_for(limit.max(1)))
+                .take(spec.group_blocks_for(limit.max(1), group))
             {
                 ctx.kv
-                    .read_at(ctx.block_offset(layer, b), &mut buf)
+                    .read_at(ctx.block_offset(ri, b), &mut buf)
                     .map_err(|e| format!("rank {rank} layer {layer} block {b}: {e}"))?;
                 if let Some((pos, head)) =
                     check_block(spec, tp, rank, layer, tokens, i, limit, &buf, &mut digest)
@@ -63,4 +67,12 @@ pub fn verify_kv<'a>(
         }
     }
     Ok(digest)
+}
+
+fn group_blocks(blocks: &[Vec<u64>], group: i64) -> Result<&[u64], String> {
+    usize::try_from(group)
+        .ok()
+        .and_then(|g| blocks.get(g))
+        .map(Vec::as_slice)
+        .ok_or_else(|| format!("no block ids for KV-cache group {group}"))
 }

@@ -9,7 +9,7 @@
 //! decoder can check what it received without knowing the prefill TP.
 use crate::connector::regions::{
     align_regions, check_tp_sizes, request_descriptors, select_blocks, sender_plan, target_ranks,
-    Descriptor, KvLayout, KvRegion,
+    Descriptor, KvLayout,
 };
 use crate::connector::worker::KvCacheSpec;
 use crate::connector::ConnectorError;
@@ -147,8 +147,8 @@ impl BenchLayout {
     /// name and occurrence).
     pub fn cache_spec(&self, tp: usize, num_blocks: u64) -> KvCacheSpec {
         let len = self.rank_block_bytes(tp);
-        KvCacheSpec {
-            layer_names: (0..self.layers)
+        KvCacheSpec::uniform(
+            (0..self.layers)
                 .flat_map(|l| {
                     std::iter::repeat_n(
                         format!("model.layers.{l}.self_attn.attn"),
@@ -157,33 +157,18 @@ impl BenchLayout {
                 })
                 .collect(),
             num_blocks,
-            block_len: len,
-            kv_block_len: len,
-        }
+            len,
+            len,
+        )
     }
 
     /// A rank's layout as the worker describes it, with addresses relative
-    /// to the start of its registered buffer (region `i` at
-    /// `i × region_bytes`, as `WorkerContext` lays it out).
+    /// to the start of its registered buffer (as `WorkerContext` lays it
+    /// out).
     pub fn relative_layout(&self, tp: usize, rank: usize, num_blocks: u64) -> KvLayout {
-        let spec = self.cache_spec(tp, num_blocks);
-        KvLayout {
-            regions: spec
-                .layer_names
-                .iter()
-                .enumerate()
-                .map(|(i, name)| KvRegion {
-                    base: i as u64 * spec.region_bytes(),
-                    block_len: spec.block_len,
-                    kv_block_len: spec.kv_block_len,
-                    layer_name: name.clone(),
-                    layer_index: i as i64,
-                    group_index: 0,
-                })
-                .collect(),
-            tp_size: tp,
-            tp_rank: rank,
-        }
+        self.cache_spec(tp, num_blocks)
+            .layout(0, (tp, rank), (1, 0))
+            .expect("a uniform cache has a layout")
     }
 
     /// Fills `out` (one block of one region on rank `rank` of TP `tp`)
@@ -278,8 +263,8 @@ mod tests {
         assert_eq!((l.regions(), l.block_bytes), (8, 16 * 1024));
         // K and V of a layer share the layer's name.
         let s = layout("small").cache_spec(1, 4);
-        assert_eq!(s.layer_names[0], s.layer_names[1]);
-        assert_ne!(s.layer_names[1], s.layer_names[2]);
+        assert_eq!(s.layers[0].name, s.layers[1].name);
+        assert_ne!(s.layers[1].name, s.layers[2].name);
     }
 
     #[test]

@@ -3,26 +3,48 @@
 //! received and derive its output from them: missing or corrupt KV changes
 //! the generated text.
 //!
-//! Geometry: per TP rank, one region per layer of `num_blocks` blocks. A
-//! block holds `block_size` token slots of the rank's heads in head-major
-//! order (`[head][k|v][slot][head_size]`, one byte per element), so the
-//! heads of a TP-2 rank are one contiguous half of a TP-1 block, as vLLM's
-//! heterogeneous-TP byte plan needs.
-use crate::connector::worker::KvCacheSpec;
+//! Geometry: per worker (TP rank of a PP stage), one region per layer of
+//! `num_blocks` blocks. A block holds a group's `block_size` token slots of
+//! the rank's heads in head-major order (`[head][k|v][slot][head_size]`,
+//! one byte per element), so the heads of a TP-2 rank are one contiguous
+//! half of a TP-1 block, as vLLM's heterogeneous-TP byte plan needs.
+//!
+//! Variants, as real models have them:
+//! - replicated KV: fewer KV heads than TP ranks; each rank holds one head,
+//!   the same head on TP ÷ heads ranks;
+//! - MLA (`mla`): one latent per token (`head_size` bytes, no separate K
+//!   and V), the same on every rank;
+//! - hybrid (`hybrid`): two KV-cache groups, even layers in group 0 with
+//!   `block_size`-token blocks and odd layers in group 1 with blocks twice
+//!   as long, each group with its own block ids; with four layers or more,
+//!   the last layer reuses the KV storage of the layer two before it (as
+//!   models with cross-layer KV sharing do).
+//! - PP: each stage holds a contiguous share of the layers.
+use std::ops::Range;
+
+use crate::connector::worker::{KvCacheSpec, LayerSpec};
+use crate::connector::KvHeads;
 
 /// Model and KV-cache geometry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelSpec {
     /// Layers (one KV region each).
     pub layers: usize,
-    /// KV heads in all (divided among TP ranks).
+    /// KV heads in all (split over TP ranks, or replicated when fewer than
+    /// the ranks). Ignored with `mla`.
     pub heads: usize,
-    /// Bytes per head per token, for K and again for V.
+    /// Bytes per head per token, for K and again for V (with `mla`, of the
+    /// latent).
     pub head_size: usize,
-    /// Tokens per block.
+    /// Tokens per block (of group 0).
     pub block_size: usize,
     /// Blocks per region.
     pub num_blocks: usize,
+    /// Multi-head latent attention: one latent per token on every rank.
+    pub mla: bool,
+    /// Two KV-cache groups with different block sizes, and one layer that
+    /// shares another's storage.
+    pub hybrid: bool,
 }
 
 impl Default for ModelSpec {
@@ -33,6 +55,8 @@ impl Default for ModelSpec {
             head_size: 16,
             block_size: 16,
             num_blocks: 4096,
+            mla: false,
+            hybrid: false,
         }
     }
 }
@@ -50,38 +74,135 @@ impl ModelSpec {
                 "layers, heads, head size, block size and block count must all be positive".into(),
             );
         }
-        if tp == 0 || !self.heads.is_multiple_of(tp) {
-            return Err(format!("{} heads cannot be split over TP {tp}", self.heads));
+        if self.hybrid && self.layers < 2 {
+            return Err("a hybrid model needs at least two layers".into());
         }
-        Ok(())
+        if tp == 0 {
+            return Err("TP must be at least 1".into());
+        }
+        self.kv_heads()
+            .rank_heads(tp, 0, tp)
+            .map(|_| ())
+            .map_err(|e| e.detail)
+    }
+
+    /// The connector's view of how heads spread over TP ranks.
+    pub fn kv_heads(&self) -> KvHeads {
+        if self.mla {
+            KvHeads::Mla
+        } else {
+            KvHeads::Heads(self.heads)
+        }
+    }
+
+    /// The heads rank `rank` of TP `tp` holds (validated geometry).
+    pub fn rank_heads(&self, tp: usize, rank: usize) -> Range<usize> {
+        self.kv_heads().rank_heads(tp, rank, tp).unwrap_or(0..0)
     }
 
     /// Heads each rank holds.
     pub fn heads_per_rank(&self, tp: usize) -> usize {
-        self.heads / tp
+        self.rank_heads(tp, 0).len()
     }
 
-    /// Payload (and stride) of one block on a rank of TP `tp`.
-    pub fn kv_block_len(&self, tp: usize) -> usize {
-        self.heads_per_rank(tp) * 2 * self.block_size * self.head_size
+    /// Whether rank `rank`'s heads are counted in the digest: the first
+    /// rank of each replica group (replicas hold the same bytes).
+    pub fn counts_in_digest(&self, tp: usize, rank: usize) -> bool {
+        rank == 0 || self.rank_heads(tp, rank) != self.rank_heads(tp, rank - 1)
     }
 
-    /// The connector's view of one rank's cache.
-    pub fn cache_spec(&self, tp: usize) -> KvCacheSpec {
-        let len = self.kv_block_len(tp) as u64;
-        KvCacheSpec {
-            layer_names: (0..self.layers)
-                .map(|l| format!("model.layers.{l}.self_attn.attn"))
-                .collect(),
-            num_blocks: self.num_blocks as u64,
-            block_len: len,
-            kv_block_len: len,
+    /// K and V (2), or one latent (MLA).
+    fn parts(&self) -> usize {
+        if self.mla {
+            1
+        } else {
+            2
         }
     }
 
-    /// Blocks needed for `tokens` tokens.
+    /// KV-cache groups.
+    pub fn groups(&self) -> usize {
+        if self.hybrid {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The group of `layer`.
+    pub fn layer_group(&self, layer: usize) -> usize {
+        if self.hybrid {
+            layer % 2
+        } else {
+            0
+        }
+    }
+
+    /// Tokens per block in `group`.
+    pub fn group_block_size(&self, group: usize) -> usize {
+        self.block_size << group
+    }
+
+    /// The layer whose KV `layer` holds (itself, or the layer whose storage
+    /// it shares).
+    pub fn source_layer(&self, layer: usize) -> usize {
+        if self.hybrid && self.layers >= 4 && layer == self.layers - 1 {
+            layer - 2
+        } else {
+            layer
+        }
+    }
+
+    /// Payload (and stride) of one block of `group` on a rank of TP `tp`.
+    pub fn group_block_len(&self, tp: usize, group: usize) -> usize {
+        self.heads_per_rank(tp) * self.parts() * self.group_block_size(group) * self.head_size
+    }
+
+    /// Payload (and stride) of one block of group 0 on a rank of TP `tp`.
+    pub fn kv_block_len(&self, tp: usize) -> usize {
+        self.group_block_len(tp, 0)
+    }
+
+    /// The connector's view of one rank's cache (every layer; a PP stage
+    /// takes its share).
+    pub fn cache_spec(&self, tp: usize) -> KvCacheSpec {
+        KvCacheSpec {
+            layers: (0..self.layers)
+                .map(|l| {
+                    let g = self.layer_group(l);
+                    let len = self.group_block_len(tp, g) as u64;
+                    let src = self.source_layer(l);
+                    LayerSpec {
+                        name: format!("model.layers.{l}.self_attn.attn"),
+                        index: l as i64,
+                        group: g as i64,
+                        num_blocks: self.num_blocks as u64,
+                        block_len: len,
+                        kv_block_len: len,
+                        shares_with: (src != l).then_some(src),
+                    }
+                })
+                .collect(),
+            heads: self.kv_heads(),
+            groups: self.groups(),
+        }
+    }
+
+    /// Blocks of group 0 needed for `tokens` tokens.
     pub fn blocks_for(&self, tokens: usize) -> usize {
-        tokens.div_ceil(self.block_size)
+        self.group_blocks_for(tokens, 0)
+    }
+
+    /// Blocks of `group` needed for `tokens` tokens.
+    pub fn group_blocks_for(&self, tokens: usize, group: usize) -> usize {
+        tokens.div_ceil(self.group_block_size(group))
+    }
+
+    /// Blocks of every group needed for `tokens` tokens.
+    pub fn blocks_per_group(&self, tokens: usize) -> Vec<usize> {
+        (0..self.groups())
+            .map(|g| self.group_blocks_for(tokens, g))
+            .collect()
     }
 }
 
@@ -107,9 +228,9 @@ pub fn head_kv(layer: usize, pos: usize, token: u32, head: usize, kv: usize, out
     }
 }
 
-/// Fills `block` (one rank's block of `layer`, `kv_block_len(tp)` bytes)
-/// with the KV of `tokens[first..first + block_size]`; slots past the end
-/// of the prompt are zero.
+/// Fills `block` (one rank's block of `layer`, `group_block_len` bytes)
+/// with the KV of the block's tokens; slots past the end of the prompt are
+/// zero.
 pub fn fill_block(
     spec: &ModelSpec,
     tp: usize,
@@ -119,23 +240,21 @@ pub fn fill_block(
     block_index: usize,
     block: &mut [u8],
 ) {
-    let hpr = spec.heads_per_rank(tp);
-    let (bs, hs) = (spec.block_size, spec.head_size);
+    let heads = spec.rank_heads(tp, rank);
+    let (bs, hs, parts) = (
+        spec.group_block_size(spec.layer_group(layer)),
+        spec.head_size,
+        spec.parts(),
+    );
+    let src = spec.source_layer(layer);
     block.fill(0);
     for slot in 0..bs {
         let pos = block_index * bs + slot;
         let Some(&tok) = tokens.get(pos) else { break };
-        for hl in 0..hpr {
-            for kv in 0..2 {
-                let off = ((hl * 2 + kv) * bs + slot) * hs;
-                head_kv(
-                    layer,
-                    pos,
-                    tok,
-                    rank * hpr + hl,
-                    kv,
-                    &mut block[off..off + hs],
-                );
+        for (hl, h) in heads.clone().enumerate() {
+            for kv in 0..parts {
+                let off = ((hl * parts + kv) * bs + slot) * hs;
+                head_kv(src, pos, tok, h, kv, &mut block[off..off + hs]);
             }
         }
     }
@@ -143,8 +262,8 @@ pub fn fill_block(
 
 /// Checks one received block against the model for positions below
 /// `limit`; returns the first wrong (position, head) or None. Also folds
-/// every checked head into `digest` (order-independent, so the digest does
-/// not depend on the TP layout).
+/// every checked head into `digest` when `count` (order-independent, so the
+/// digest does not depend on the TP layout; replicas are counted once).
 #[allow(clippy::too_many_arguments)]
 pub fn check_block(
     spec: &ModelSpec,
@@ -157,25 +276,33 @@ pub fn check_block(
     block: &[u8],
     digest: &mut u64,
 ) -> Option<(usize, usize)> {
-    let hpr = spec.heads_per_rank(tp);
-    let (bs, hs) = (spec.block_size, spec.head_size);
+    let heads = spec.rank_heads(tp, rank);
+    let count = spec.counts_in_digest(tp, rank);
+    let (bs, hs, parts) = (
+        spec.group_block_size(spec.layer_group(layer)),
+        spec.head_size,
+        spec.parts(),
+    );
+    let src = spec.source_layer(layer);
     let mut want = vec![0u8; hs];
     for slot in 0..bs {
         let pos = block_index * bs + slot;
         if pos >= limit {
             break;
         }
-        for hl in 0..hpr {
-            for kv in 0..2 {
-                let off = ((hl * 2 + kv) * bs + slot) * hs;
+        for (hl, h) in heads.clone().enumerate() {
+            for kv in 0..parts {
+                let off = ((hl * parts + kv) * bs + slot) * hs;
                 let got = &block[off..off + hs];
-                head_kv(layer, pos, tokens[pos], rank * hpr + hl, kv, &mut want);
+                head_kv(src, pos, tokens[pos], h, kv, &mut want);
                 if got != want.as_slice() {
-                    return Some((pos, rank * hpr + hl));
+                    return Some((pos, h));
                 }
-                *digest = digest.wrapping_add(splitmix64(
-                    crate::testkit::fnv1a64(got) ^ (layer as u64) << 40,
-                ));
+                if count {
+                    *digest = digest.wrapping_add(splitmix64(
+                        crate::testkit::fnv1a64(got) ^ (layer as u64) << 40,
+                    ));
+                }
             }
         }
     }
@@ -187,9 +314,10 @@ pub fn check_block(
 pub fn expected_digest(spec: &ModelSpec, tokens: &[u32]) -> u64 {
     let mut d = 0u64;
     let limit = tokens.len().saturating_sub(1);
-    let mut buf = vec![0u8; spec.kv_block_len(1)];
     for layer in 0..spec.layers {
-        for b in 0..spec.blocks_for(limit.max(1)) {
+        let g = spec.layer_group(layer);
+        let mut buf = vec![0u8; spec.group_block_len(1, g)];
+        for b in 0..spec.group_blocks_for(limit.max(1), g) {
             fill_block(spec, 1, 0, layer, tokens, b, &mut buf);
             let _ = check_block(spec, 1, 0, layer, tokens, b, limit, &buf, &mut d);
         }
@@ -244,6 +372,7 @@ mod tests {
             head_size: 8,
             block_size: 4,
             num_blocks: 8,
+            ..ModelSpec::default()
         };
         let tokens = tokenize("hello world");
         let mut full = vec![0u8; spec.kv_block_len(1)];
@@ -264,6 +393,7 @@ mod tests {
             head_size: 8,
             block_size: 4,
             num_blocks: 8,
+            ..ModelSpec::default()
         };
         let tokens = tokenize("abcdefghij");
         let limit = tokens.len() - 1;

@@ -30,6 +30,7 @@ pub fn spec() -> ModelSpec {
         head_size: 8,
         block_size: 4,
         num_blocks: 64,
+        ..ModelSpec::default()
     }
 }
 
@@ -70,6 +71,7 @@ impl Prefill {
             env,
             cache: spec.cache_spec(tp),
             tp,
+            pp: 1,
             dp_rank: 0,
         };
         let connector = Connector::start(opts, tx).await.unwrap();
@@ -115,7 +117,7 @@ impl Prefill {
 
     pub fn fill(&self, tokens: &[u32], blocks: &[u64]) {
         let ranks = self.connector.ranks().iter().map(|r| &*r.ctx);
-        fill_kv(&self.spec, ranks, tokens, blocks).unwrap();
+        fill_kv(&self.spec, ranks, tokens, &[blocks.to_vec()]).unwrap();
     }
 
     pub fn abort(&self, transfer_id: &str) {
@@ -153,8 +155,8 @@ impl Decode {
                         config("kv_consumer", "decode", extra),
                         env.clone(),
                         spec.cache_spec(tp),
-                        tp,
-                        rank,
+                        (tp, rank),
+                        (1, 0),
                         0,
                         stats.clone(),
                     )
@@ -192,7 +194,7 @@ impl Decode {
     /// on every rank; Err names the first wrong position.
     pub fn verify(&self, tokens: &[u32], blocks: &[u64]) -> Result<u64, String> {
         let ranks = self.ranks.iter().map(|(ctx, _)| &**ctx);
-        verify_kv(&self.spec, ranks, tokens, blocks)
+        verify_kv(&self.spec, ranks, tokens, &[blocks.to_vec()])
     }
 }
 

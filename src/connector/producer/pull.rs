@@ -50,7 +50,12 @@ pub(super) async fn handle_message(
     tx: zeromq::RouterSendHalf,
 ) {
     let mut reply = Reply { identity, tx };
-    match vet_pull(&inner.ctx.layout, inner.ctx.spec.num_blocks, &payload) {
+    match vet_pull(
+        &inner.ctx.layout,
+        inner.ctx.spec.max_blocks(),
+        inner.ctx.spec.groups,
+        &payload,
+    ) {
         Ok((meta, plan)) => serve_pull(inner, meta, plan, reply).await,
         Err(e) => {
             tracing::warn!(target: "mooncake_connector::producer", "refusing a pull: {}", e.detail);

@@ -2,21 +2,23 @@
 use crate::connector::error::{ConnectorError, ConnectorErrorCode};
 use crate::connector::protocol::{decode, PullBounds, XferMetadata};
 use crate::connector::regions::{
-    align_regions, check_tp_sizes, sender_plan, target_ranks, CopyPlan, KvLayout,
+    align_regions, align_stage_regions, check_tp_sizes, pair_plan, target_ranks, CopyPlan, KvLayout,
 };
 
 /// Decodes a pull message, validates every field against this worker's
-/// layout (`num_blocks` per region) and plans it. Nothing here trusts a
+/// layout (at most `num_blocks` per region, `num_groups` KV-cache groups)
+/// and plans it. Nothing here trusts a
 /// peer value: an Err is the reply, naming the field or the mismatch.
 pub fn vet_pull(
     layout: &KvLayout,
     num_blocks: u64,
+    num_groups: usize,
     payload: &[u8],
 ) -> Result<(XferMetadata, MessagePlan), ConnectorError> {
     let meta: XferMetadata = decode("MooncakeXferMetadata", payload)?;
     let bounds = PullBounds {
         num_blocks,
-        num_groups: layout.num_groups(),
+        num_groups,
     };
     meta.validate(&bounds)?;
     let plan = plan_message(layout, &meta).map_err(|e| {
@@ -39,7 +41,8 @@ pub struct MessagePlan {
     pub pairs: Vec<(usize, usize)>,
     /// The byte plan of each pair.
     pub plans: Vec<CopyPlan>,
-    /// How many decoder ranks pull each request from this worker.
+    /// How many decoder workers (TP ranks × PP stages) pull each request
+    /// from this worker.
     pub need_send: usize,
 }
 
@@ -58,33 +61,48 @@ fn plan_message(p: &KvLayout, meta: &XferMetadata) -> Result<MessagePlan, Connec
             ),
         ));
     }
-    if meta.remote_pp_size != 1 {
-        return Err(ConnectorError::new(
-            ConnectorErrorCode::Layout,
-            format!(
-                "decode PP size {} is not supported (only 1)",
-                meta.remote_pp_size
-            ),
-        ));
+    // Stages of different PP splits own different layers: match by name
+    // and skip what only one side has (a stage may share none, and then
+    // answers at once with nothing written).
+    let d_pp = meta.remote_pp_size as usize;
+    let pairs = if d_pp == p.pp_size {
+        align_regions(&p.regions, &d_layout.regions)?
+    } else {
+        align_stage_regions(&p.regions, &d_layout.regions)?
+    };
+    // Layers that share one storage on the decode side are listed as
+    // regions with the same base: the storage is written once, through the
+    // first of them (whichever producer stage owns that layer; the model is
+    // the same, so the bytes are too).
+    let mut first_with_base = std::collections::HashMap::new();
+    for (j, r) in d_layout.regions.iter().enumerate() {
+        first_with_base
+            .entry((r.base, r.group_index, r.block_len))
+            .or_insert(j);
     }
-    let pairs = align_regions(&p.regions, &d_layout.regions)?;
-    let plans = pairs
-        .iter()
-        .map(|&(i, j)| {
-            sender_plan(
-                &p.regions[i],
-                &d_layout.regions[j],
-                p.tp_size,
-                p.tp_rank,
-                d_tp,
-                d_rank,
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut kept = Vec::with_capacity(pairs.len());
+    let mut plans = Vec::with_capacity(pairs.len());
+    for (i, j) in pairs {
+        let (pr, dr) = (&p.regions[i], &d_layout.regions[j]);
+        if first_with_base.get(&(dr.base, dr.group_index, dr.block_len)) != Some(&j) {
+            continue;
+        }
+        if let Some(plan) = pair_plan(pr, dr, p.heads, p.tp_size, p.tp_rank, d_tp, d_rank)? {
+            kept.push((i, j));
+            plans.push(plan);
+        }
+    }
+    // Every consumer stage pulls from every producer stage when the PP
+    // sizes differ; with equal sizes, stage pulls from stage.
+    let stages = if d_pp > 1 && d_pp != p.pp_size {
+        d_pp
+    } else {
+        1
+    };
     Ok(MessagePlan {
         d_layout,
-        pairs,
+        pairs: kept,
         plans,
-        need_send: serves.len(),
+        need_send: serves.len() * stages,
     })
 }

@@ -33,7 +33,13 @@ pub(super) async fn write_ready(
     }
     let started = Instant::now();
     let descs = Arc::new(descs);
-    let result = write_on_pool(inner, session, descs.clone()).await;
+    // A stage that shares no layer with this decoder, or a replica whose
+    // peer sends the heads, has nothing to write: success, no engine call.
+    let result = if descs.is_empty() {
+        Ok(Vec::new())
+    } else {
+        write_on_pool(inner, session, descs.clone()).await
+    };
     let elapsed = started.elapsed();
     let mut ok = Vec::new();
     for (r, span) in spans {

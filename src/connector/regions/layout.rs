@@ -1,5 +1,6 @@
 //! Where a worker's KV lives and which regions and ranks pair up.
 use std::collections::HashMap;
+use std::ops::Range;
 
 use crate::connector::error::{ConnectorError, ConnectorErrorCode};
 use crate::connector::protocol::XferMetadata;
@@ -21,6 +22,64 @@ pub struct KvRegion {
     pub group_index: i64,
 }
 
+/// How a model's KV heads are spread over TP ranks. Every block is
+/// head-major, so a rank's heads are one contiguous slice of a block.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvHeads {
+    /// Heads split evenly over the ranks of either side, whatever their
+    /// number (the TP sizes must divide one another): the plan vLLM uses
+    /// for head-sharded attention.
+    #[default]
+    Split,
+    /// This many KV heads: split over the ranks when TP ≤ heads, else each
+    /// rank holds one head, the same head on TP ÷ heads ranks (replicated
+    /// KV). One rank of each replica group sends.
+    Heads(usize),
+    /// Multi-head latent attention: one latent per token, the same on every
+    /// rank. One producer rank sends the whole block to each consumer rank.
+    Mla,
+}
+
+impl KvHeads {
+    /// The heads rank `rank` of a TP-`tp` engine holds, counted in units
+    /// that both sides share (`other_tp` is the peer's TP size); Err when
+    /// the head count and the TP size do not divide one another.
+    pub fn rank_heads(
+        self,
+        tp: usize,
+        rank: usize,
+        other_tp: usize,
+    ) -> Result<Range<usize>, ConnectorError> {
+        let n = match self {
+            KvHeads::Split => tp.max(other_tp),
+            KvHeads::Heads(n) => n,
+            KvHeads::Mla => 1,
+        };
+        if n == 0 || tp == 0 || rank >= tp {
+            return Err(layout_err(format!(
+                "rank {rank} of TP {tp} with {n} KV heads"
+            )));
+        }
+        if tp <= n {
+            if !n.is_multiple_of(tp) {
+                return Err(layout_err(format!(
+                    "{n} KV heads cannot be split over TP {tp}"
+                )));
+            }
+            let per = n / tp;
+            Ok(rank * per..(rank + 1) * per)
+        } else {
+            if !tp.is_multiple_of(n) {
+                return Err(layout_err(format!(
+                    "TP {tp} is not a multiple of the {n} KV heads it replicates"
+                )));
+            }
+            let h = rank / (tp / n);
+            Ok(h..h + 1)
+        }
+    }
+}
+
 /// One worker's KV layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KvLayout {
@@ -30,6 +89,14 @@ pub struct KvLayout {
     pub tp_size: usize,
     /// Its TP rank.
     pub tp_rank: usize,
+    /// PP size of its engine.
+    pub pp_size: usize,
+    /// Its PP rank (its stage owns `regions`' layers).
+    pub pp_rank: usize,
+    /// How KV heads are spread over TP ranks (a producer's own model; a
+    /// pull message does not carry it, the model is the same on both
+    /// sides).
+    pub heads: KvHeads,
 }
 
 pub(super) fn layout_err(msg: impl Into<String>) -> ConnectorError {
@@ -90,6 +157,11 @@ impl KvLayout {
             regions,
             tp_size: m.remote_tp_size as usize,
             tp_rank: m.remote_tp_rank as usize,
+            pp_size: m.remote_pp_size as usize,
+            // A pull message does not say which stage it comes from: its
+            // layer names do.
+            pp_rank: 0,
+            heads: KvHeads::Split,
         })
     }
 
@@ -105,6 +177,7 @@ impl KvLayout {
     pub fn fill_metadata(&self, m: &mut XferMetadata) {
         m.remote_tp_size = self.tp_size as u64;
         m.remote_tp_rank = self.tp_rank as u64;
+        m.remote_pp_size = self.pp_size as u64;
         m.kv_caches_base_addr = self.regions.iter().map(|r| r.base).collect();
         m.block_lens = self.regions.iter().map(|r| r.block_len).collect();
         m.kv_block_lens = self.regions.iter().map(|r| r.kv_block_len).collect();
@@ -138,13 +211,38 @@ pub fn check_tp_sizes(p_tp: usize, d_tp: usize) -> Result<(), ConnectorError> {
 }
 
 /// Pairs producer regions with consumer regions by (layer name, occurrence
-/// of that name); by position when either side has no names.
+/// of that name); by position when either side has no names. Every region
+/// must find its partner; see [`align_stage_regions`] for stages of
+/// different PP splits.
 pub fn align_regions(
     p: &[KvRegion],
     d: &[KvRegion],
 ) -> Result<Vec<(usize, usize)>, ConnectorError> {
+    align(p, d, false)
+}
+
+/// Like [`align_regions`], for PP stages that own different layers (the two
+/// sides' PP sizes differ): layers only one side has are skipped, which may
+/// leave no pair at all. Names are required.
+pub fn align_stage_regions(
+    p: &[KvRegion],
+    d: &[KvRegion],
+) -> Result<Vec<(usize, usize)>, ConnectorError> {
+    align(p, d, true)
+}
+
+fn align(
+    p: &[KvRegion],
+    d: &[KvRegion],
+    partial: bool,
+) -> Result<Vec<(usize, usize)>, ConnectorError> {
     let named =
         p.iter().all(|r| !r.layer_name.is_empty()) && d.iter().all(|r| !r.layer_name.is_empty());
+    if partial && !named {
+        return Err(layout_err(
+            "stages of different PP sizes are matched by layer name, and a side sent none",
+        ));
+    }
     let pairs: Vec<(usize, usize)> = if named {
         let mut seen: HashMap<&str, usize> = HashMap::new();
         let d_keys: HashMap<(&str, usize), usize> = {
@@ -163,15 +261,18 @@ pub fn align_regions(
             let o = seen.entry(&r.layer_name).or_default();
             let key = (r.layer_name.as_str(), *o);
             *o += 1;
-            let j = *d_keys.get(&key).ok_or_else(|| {
-                layout_err(format!(
-                    "layer {} (occurrence {}) is missing on the decode side",
-                    key.0, key.1
-                ))
-            })?;
-            out.push((i, j));
+            match d_keys.get(&key) {
+                Some(&j) => out.push((i, j)),
+                None if partial => {}
+                None => {
+                    return Err(layout_err(format!(
+                        "layer {} (occurrence {}) is missing on the decode side",
+                        key.0, key.1
+                    )))
+                }
+            }
         }
-        if out.len() != d.len() {
+        if !partial && out.len() != d.len() {
             return Err(layout_err(format!(
                 "the prefill side has {} regions, the decode side {}",
                 p.len(),

@@ -13,8 +13,10 @@ mod plan;
 #[cfg(test)]
 mod tests;
 
-pub use layout::{align_regions, check_tp_sizes, target_ranks, KvLayout, KvRegion};
+pub use layout::{
+    align_regions, align_stage_regions, check_tp_sizes, target_ranks, KvHeads, KvLayout, KvRegion,
+};
 pub use plan::{
-    contiguous_runs, request_descriptors, select_blocks, sender_plan, BlockPairs, CopyPlan,
-    Descriptor,
+    contiguous_runs, pair_plan, request_descriptors, select_blocks, sender_plan, BlockPairs,
+    CopyPlan, Descriptor,
 };

@@ -1,11 +1,11 @@
 //! Which bytes move: per-pair byte plans, block selection and the
 //! transfer descriptors of a request.
-use super::layout::{check_tp_sizes, layout_err, KvLayout, KvRegion};
+use super::layout::{check_tp_sizes, layout_err, target_ranks, KvHeads, KvLayout, KvRegion};
 use crate::connector::error::{ConnectorError, ConnectorErrorCode};
 use crate::connector::protocol::GroupBlocks;
 
 /// Which bytes of a block move from one producer rank to one consumer rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CopyPlan {
     /// Offset inside the producer's block.
     pub src_offset: u64,
@@ -18,7 +18,8 @@ pub struct CopyPlan {
     pub whole_blocks: bool,
 }
 
-/// vLLM's sender byte plan for one region pair (head-major blocks).
+/// vLLM's sender byte plan for one region pair (head-major blocks) of a
+/// head-sharded model: [`pair_plan`] with [`KvHeads::Split`].
 pub fn sender_plan(
     p: &KvRegion,
     d: &KvRegion,
@@ -27,62 +28,81 @@ pub fn sender_plan(
     d_tp: usize,
     d_rank: usize,
 ) -> Result<CopyPlan, ConnectorError> {
+    pair_plan(p, d, KvHeads::Split, p_tp, p_rank, d_tp, d_rank)?.ok_or_else(|| {
+        layout_err(format!(
+            "P tp_rank {p_rank} holds none of D tp_rank {d_rank}'s heads"
+        ))
+    })
+}
+
+/// Which bytes of each block producer rank `p_rank` (of TP `p_tp`) writes
+/// to consumer rank `d_rank` (of TP `d_tp`) for one region pair, or None
+/// when it writes nothing: it holds none of that rank's heads, or another
+/// producer rank the consumer pulls from holds the same heads and sends
+/// them (replicated KV and MLA: one rank of each replica group sends).
+///
+/// Blocks are head-major, so what moves is one contiguous run of heads:
+/// the heads both ranks hold, at their offsets in each block. The bytes per
+/// head must agree on both sides.
+pub fn pair_plan(
+    p: &KvRegion,
+    d: &KvRegion,
+    heads: KvHeads,
+    p_tp: usize,
+    p_rank: usize,
+    d_tp: usize,
+    d_rank: usize,
+) -> Result<Option<CopyPlan>, ConnectorError> {
     check_tp_sizes(p_tp, d_tp)?;
     let name = &p.layer_name;
-    let plan = if p_tp == d_tp {
-        if p.kv_block_len != d.kv_block_len {
-            return Err(layout_err(format!(
-                "layer {name:?}: kv_block_len {} on the prefill side, {} on the decode side (equal TP needs equal lengths)",
-                p.kv_block_len, d.kv_block_len
-            )));
+    let ph = heads.rank_heads(p_tp, p_rank, d_tp)?;
+    let dh = heads.rank_heads(d_tp, d_rank, p_tp)?;
+    let (pn, dn) = (ph.len() as u64, dh.len() as u64);
+    if !p.kv_block_len.is_multiple_of(pn) || !d.kv_block_len.is_multiple_of(dn) {
+        return Err(layout_err(format!(
+            "layer {name:?}: kv_block_len {} / {} does not split into {pn} / {dn} heads",
+            p.kv_block_len, d.kv_block_len
+        )));
+    }
+    let per_head = p.kv_block_len / pn;
+    if d.kv_block_len / dn != per_head {
+        return Err(layout_err(format!(
+            "layer {name:?}: {} bytes per head per block on the prefill side (kv_block_len {} over {pn} heads), {} on the decode side (kv_block_len {} over {dn}); the model must be the same on both sides",
+            per_head,
+            p.kv_block_len,
+            d.kv_block_len / dn,
+            d.kv_block_len
+        )));
+    }
+    let lo = ph.start.max(dh.start);
+    let hi = ph.end.min(dh.end);
+    if lo >= hi {
+        return Ok(None);
+    }
+    // Among the producer ranks this consumer rank pulls from, the lowest
+    // one holding these heads sends them.
+    for q in target_ranks(d_tp, p_tp, d_rank) {
+        if q >= p_rank {
+            break;
         }
-        CopyPlan {
-            src_offset: 0,
-            dst_offset: 0,
-            len: p.kv_block_len,
-            whole_blocks: false,
+        if heads.rank_heads(p_tp, q, d_tp)? == ph {
+            return Ok(None);
         }
-    } else if p_tp > d_tp {
-        // Each prefill rank holds fewer heads: its whole block lands in a
-        // slice of the decoder's larger block.
-        let k = (p_tp / d_tp) as u64;
-        if d.kv_block_len != p.kv_block_len * k {
-            return Err(layout_err(format!(
-                "layer {name:?}: decode kv_block_len {} must be {k} × prefill kv_block_len {}",
-                d.kv_block_len, p.kv_block_len
-            )));
-        }
-        CopyPlan {
-            src_offset: 0,
-            dst_offset: (p_rank as u64 % k) * p.kv_block_len,
-            len: p.kv_block_len,
-            whole_blocks: false,
-        }
-    } else {
-        // Each prefill rank holds more heads: each paired decoder gets its
-        // slice.
-        let k = (d_tp / p_tp) as u64;
-        if p.kv_block_len != d.kv_block_len * k {
-            return Err(layout_err(format!(
-                "layer {name:?}: prefill kv_block_len {} must be {k} × decode kv_block_len {}",
-                p.kv_block_len, d.kv_block_len
-            )));
-        }
-        CopyPlan {
-            src_offset: (d_rank as u64 % k) * d.kv_block_len,
-            dst_offset: 0,
-            len: d.kv_block_len,
-            whole_blocks: false,
-        }
+    }
+    let plan = CopyPlan {
+        src_offset: (lo - ph.start) as u64 * per_head,
+        dst_offset: (lo - dh.start) as u64 * per_head,
+        len: (hi - lo) as u64 * per_head,
+        whole_blocks: false,
     };
     let whole = plan.src_offset == 0
         && plan.dst_offset == 0
         && plan.len == p.block_len
         && plan.len == d.block_len;
-    Ok(CopyPlan {
+    Ok(Some(CopyPlan {
         whole_blocks: whole,
         ..plan
-    })
+    }))
 }
 
 /// Splits paired block lists into runs where both ids go up by one:

@@ -52,6 +52,9 @@ fn equal_tp_whole_blocks_give_one_descriptor_per_run_and_region() {
         ],
         tp_size: 1,
         tp_rank: 0,
+        pp_size: 1,
+        pp_rank: 0,
+        heads: KvHeads::Split,
     };
     let d = KvLayout {
         regions: vec![
@@ -60,6 +63,9 @@ fn equal_tp_whole_blocks_give_one_descriptor_per_run_and_region() {
         ],
         tp_size: 1,
         tp_rank: 0,
+        pp_size: 1,
+        pp_rank: 0,
+        heads: KvHeads::Split,
     };
     let pairs = align_regions(&p.regions, &d.regions).unwrap();
     assert_eq!(pairs, [(0, 1), (1, 0)]); // matched by name, not position
@@ -108,11 +114,17 @@ fn padded_pages_are_sent_block_by_block() {
         regions: vec![p],
         tp_size: 1,
         tp_rank: 0,
+        pp_size: 1,
+        pp_rank: 0,
+        heads: KvHeads::Split,
     };
     let dl = KvLayout {
         regions: vec![d],
         tp_size: 1,
         tp_rank: 0,
+        pp_size: 1,
+        pp_rank: 0,
+        heads: KvHeads::Split,
     };
     let mut out = Vec::new();
     request_descriptors(
@@ -191,7 +203,7 @@ fn heterogeneous_tp_offsets() {
         0,
     )
     .unwrap_err();
-    assert!(bad.to_string().contains("equal TP"), "{bad}");
+    assert!(bad.to_string().contains("per head"), "{bad}");
 }
 
 #[test]
@@ -245,4 +257,144 @@ fn layout_from_metadata_checks_lengths() {
     assert_eq!((l.tp_size, l.tp_rank, l.regions[1].base), (2, 1, 20));
     m.remote_tp_rank = 2;
     assert!(KvLayout::from_metadata(&m).is_err());
+}
+
+/// (src_offset, dst_offset, len) of producer rank `p` → consumer rank `d`,
+/// or None when that rank sends nothing.
+fn plan_of(
+    heads: KvHeads,
+    (p_len, d_len): (u64, u64),
+    (p_tp, p): (usize, usize),
+    (d_tp, d): (usize, usize),
+) -> Option<(u64, u64, u64)> {
+    pair_plan(
+        &region("l0", 0, 0, p_len, p_len),
+        &region("l0", 0, 0, d_len, d_len),
+        heads,
+        p_tp,
+        p,
+        d_tp,
+        d,
+    )
+    .unwrap()
+    .map(|c| (c.src_offset, c.dst_offset, c.len))
+}
+
+#[test]
+fn mla_sends_the_whole_latent_from_one_rank_per_consumer() {
+    let m = KvHeads::Mla;
+    // P TP 2 -> D TP 1: D pulls from both; rank 0 sends, rank 1 has
+    // nothing to send (it holds the same latent).
+    assert_eq!(plan_of(m, (576, 576), (2, 0), (1, 0)), Some((0, 0, 576)));
+    assert_eq!(plan_of(m, (576, 576), (2, 1), (1, 0)), None);
+    // P TP 1 -> D TP 2: every D rank gets the whole block.
+    assert_eq!(plan_of(m, (576, 576), (1, 0), (2, 0)), Some((0, 0, 576)));
+    assert_eq!(plan_of(m, (576, 576), (1, 0), (2, 1)), Some((0, 0, 576)));
+    // P TP 4 -> D TP 2: D rank 1 pulls from P ranks 2 and 3; 2 sends.
+    assert_eq!(plan_of(m, (576, 576), (4, 2), (2, 1)), Some((0, 0, 576)));
+    assert_eq!(plan_of(m, (576, 576), (4, 3), (2, 1)), None);
+    // Whole blocks on both sides: runs of blocks merge.
+    let c = pair_plan(
+        &region("l0", 0, 0, 576, 576),
+        &region("l0", 0, 0, 576, 576),
+        m,
+        2,
+        0,
+        1,
+        0,
+    )
+    .unwrap()
+    .unwrap();
+    assert!(c.whole_blocks);
+    // Different latent sizes are refused.
+    assert!(pair_plan(
+        &region("l0", 0, 0, 576, 576),
+        &region("l0", 0, 0, 512, 512),
+        m,
+        1,
+        0,
+        2,
+        0
+    )
+    .is_err());
+}
+
+#[test]
+fn replicated_kv_sends_each_head_once() {
+    // Two KV heads, 256 bytes per head per block.
+    let h = KvHeads::Heads(2);
+    // P TP 4 (heads 0,0,1,1) -> D TP 2 (head 0 | head 1).
+    assert_eq!(plan_of(h, (256, 256), (4, 0), (2, 0)), Some((0, 0, 256)));
+    assert_eq!(plan_of(h, (256, 256), (4, 1), (2, 0)), None);
+    assert_eq!(plan_of(h, (256, 256), (4, 2), (2, 1)), Some((0, 0, 256)));
+    assert_eq!(plan_of(h, (256, 256), (4, 3), (2, 1)), None);
+    // P TP 2 (head 0 | head 1) -> D TP 4 (0,0,1,1): each D rank its head.
+    assert_eq!(plan_of(h, (256, 256), (2, 0), (4, 1)), Some((0, 0, 256)));
+    assert_eq!(plan_of(h, (256, 256), (2, 1), (4, 2)), Some((0, 0, 256)));
+    // P TP 1 (both heads) -> D TP 4: D rank 3 gets head 1, the second half.
+    assert_eq!(plan_of(h, (512, 256), (1, 0), (4, 3)), Some((256, 0, 256)));
+    // Four heads, P TP 8 (each head twice) -> D TP 2 (two heads each):
+    // D rank 1 pulls from P ranks 4..8; 4 and 6 send heads 2 and 3.
+    let h4 = KvHeads::Heads(4);
+    assert_eq!(plan_of(h4, (128, 256), (8, 4), (2, 1)), Some((0, 0, 128)));
+    assert_eq!(plan_of(h4, (128, 256), (8, 5), (2, 1)), None);
+    assert_eq!(plan_of(h4, (128, 256), (8, 6), (2, 1)), Some((0, 128, 128)));
+    assert_eq!(plan_of(h4, (128, 256), (8, 7), (2, 1)), None);
+    // A head count that does not fit the TP size is an error.
+    assert!(KvHeads::Heads(3).rank_heads(2, 0, 2).is_err());
+    assert!(KvHeads::Heads(2).rank_heads(3, 0, 3).is_err());
+}
+
+#[test]
+fn split_heads_match_the_plain_plan() {
+    // KvHeads::Split gives vLLM's head-sharded offsets.
+    assert_eq!(
+        plan_of(KvHeads::Split, (256, 512), (2, 1), (1, 0)),
+        Some((0, 256, 256))
+    );
+    assert_eq!(
+        plan_of(KvHeads::Split, (512, 256), (1, 0), (2, 1)),
+        Some((256, 0, 256))
+    );
+    // Heads(n) with n a multiple of both TP sizes is the same plan.
+    assert_eq!(
+        plan_of(KvHeads::Heads(4), (256, 512), (2, 1), (1, 0)),
+        Some((0, 256, 256))
+    );
+}
+
+#[test]
+fn stage_alignment_skips_layers_one_side_lacks() {
+    let p = [region("l2", 2, 0, 64, 64), region("l3", 3, 0, 64, 64)];
+    let d: Vec<KvRegion> = (0..4)
+        .map(|i| region(&format!("l{i}"), i, 0, 64, 64))
+        .collect();
+    assert_eq!(align_stage_regions(&p, &d).unwrap(), [(0, 2), (1, 3)]);
+    assert_eq!(align_stage_regions(&d, &p).unwrap(), [(2, 0), (3, 1)]);
+    // No shared layer: an empty plan, not an error.
+    assert!(align_stage_regions(&p, &d[..2]).unwrap().is_empty());
+    // Exact alignment still refuses it.
+    assert!(align_regions(&p, &d).is_err());
+    // A shared layer with another index or group is still refused.
+    let mut bad = p.clone();
+    bad[0].group_index = 1;
+    assert!(align_stage_regions(&bad, &d).is_err());
+}
+
+#[test]
+fn pp_layer_ranges_follow_vllm() {
+    use crate::connector::pp_layer_range;
+    assert_eq!(pp_layer_range(4, 2, 0).unwrap(), 0..2);
+    assert_eq!(pp_layer_range(4, 2, 1).unwrap(), 2..4);
+    // 5 layers over 2 stages: the extra layer goes to the stage before
+    // the last.
+    assert_eq!(pp_layer_range(5, 2, 0).unwrap(), 0..3);
+    assert_eq!(pp_layer_range(5, 2, 1).unwrap(), 3..5);
+    // 7 over 4: shares 2, 2, 2, 1 (the three extras go to stages 2, 1 and
+    // 0; the last keeps its share).
+    let r: Vec<_> = (0..4).map(|s| pp_layer_range(7, 4, s).unwrap()).collect();
+    assert_eq!(r, [0..2, 2..4, 4..6, 6..7]);
+    assert!(pp_layer_range(1, 2, 0).is_err());
+    assert!(pp_layer_range(4, 2, 2).is_err());
+    assert!(pp_layer_range(4, 0, 0).is_err());
 }
