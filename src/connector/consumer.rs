@@ -47,6 +47,35 @@ pub struct PullOutcome {
     pub failed: Vec<(String, String)>,
 }
 
+/// What a failed pull reports to the scheduler, as vLLM's connector does:
+/// the request's block ids when the model has one KV-cache group, its
+/// request id when it has several (block ids are only unique within a
+/// group). Releases (empty pulls) report nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadFailure {
+    /// Block ids whose KV did not arrive (one KV-cache group).
+    Blocks(Vec<u64>),
+    /// A request whose KV did not arrive (several groups).
+    Request(String),
+}
+
+impl PullOutcome {
+    /// The load failures of `reqs` (the requests this outcome answers), in
+    /// vLLM's form: block ids, or request ids for hybrid models.
+    pub fn load_failures(&self, reqs: &[PullRequest]) -> Vec<LoadFailure> {
+        let failed: std::collections::HashSet<&str> =
+            self.failed.iter().map(|(id, _)| id.as_str()).collect();
+        reqs.iter()
+            .filter(|r| failed.contains(r.d_req_id.as_str()))
+            .filter(|r| r.blocks.iter().any(|g| !g.is_empty()))
+            .map(|r| match r.blocks.as_slice() {
+                [only] => LoadFailure::Blocks(only.clone()),
+                _ => LoadFailure::Request(r.d_req_id.clone()),
+            })
+            .collect()
+    }
+}
+
 /// A prefill engine as the bootstrap server describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteEngine {
@@ -536,4 +565,42 @@ fn apply_reply(
         ));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(id: &str, blocks: GroupBlocks) -> PullRequest {
+        PullRequest {
+            d_req_id: id.into(),
+            transfer_id: format!("xfer-{id}"),
+            blocks,
+        }
+    }
+
+    #[test]
+    fn load_failures_name_blocks_or_requests_as_vllm_does() {
+        let out = PullOutcome {
+            ok: vec!["a".into()],
+            failed: vec![
+                ("b".into(), "x".into()),
+                ("c".into(), "y".into()),
+                ("r".into(), "z".into()),
+            ],
+        };
+        let reqs = [
+            req("a", vec![vec![1, 2]]),
+            req("b", vec![vec![3, 4]]),
+            req("c", vec![vec![5], vec![9]]),
+            req("r", vec![vec![], vec![]]),
+        ];
+        assert_eq!(
+            out.load_failures(&reqs),
+            [
+                LoadFailure::Blocks(vec![3, 4]),
+                LoadFailure::Request("c".into())
+            ]
+        );
+    }
 }

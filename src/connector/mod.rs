@@ -18,7 +18,7 @@ pub mod zmtp_guard;
 pub use config::{
     ConnectorEnv, HostPort, KvRole, KvTransferConfig, LoadFailurePolicy, MooncakeProtocol,
 };
-pub use consumer::{Consumer, PullOutcome, PullRequest};
+pub use consumer::{Consumer, LoadFailure, PullOutcome, PullRequest};
 pub use error::{ConnectorError, ConnectorErrorCode};
 pub use producer::{Producer, ProducerEvent};
 pub use regions::KvHeads;

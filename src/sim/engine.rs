@@ -523,7 +523,18 @@ impl SimEngine {
         engine_id: &str,
         pull: PullRequest,
     ) -> Option<String> {
-        let outcomes = self.connector.pull(bootstrap, engine_id, vec![pull]).await;
+        let reqs = vec![pull];
+        let outcomes = self.connector.pull(bootstrap, engine_id, reqs.clone()).await;
+        // What vLLM's workers hand the scheduler: block ids, or the request
+        // id for a hybrid model.
+        let failures: Vec<_> = outcomes
+            .iter()
+            .flat_map(|o| o.load_failures(&reqs))
+            .collect();
+        if !failures.is_empty() {
+            tracing::warn!(target: "mooncake_connector::sim", engine = engine_id,
+                "KV load failures for the scheduler: {failures:?}");
+        }
         outcomes
             .into_iter()
             .find_map(|o| o.failed.into_iter().next().map(|(_, why)| why))
