@@ -47,6 +47,16 @@ fn parse() -> Result<Args, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
+        // The model's switches (they must match the engines').
+        match args[i].as_str() {
+            "--mla" => a.spec.mla = true,
+            "--hybrid" => a.spec.hybrid = true,
+            _ => {}
+        }
+        if matches!(args[i].as_str(), "--mla" | "--hybrid") {
+            i += 1;
+            continue;
+        }
         let v = args
             .get(i + 1)
             .cloned()

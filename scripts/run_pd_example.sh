@@ -5,7 +5,8 @@
 # answer, then stops what it started (by PID). Exits non-zero on any
 # mismatch, failed start or leftover KV.
 #
-# Environment: PREFILL_TP, DECODE_TP (default 1), PREFILL_PORT, DECODE_PORT,
+# Environment: PREFILL_TP, DECODE_TP, PREFILL_PP, DECODE_PP (default 1),
+# MODEL_ARGS (model flags for the engines and client), PREFILL_PORT, DECODE_PORT,
 # PROXY_PORT, BOOTSTRAP_PORT, REQUESTS (16), CONCURRENCY (4), MAX_LEN,
 # CARGO_PROFILE (debug|release, default debug), MAX_THREADS ("P D": fail if
 # the prefiller's or decoder's peak thread count goes above these),
@@ -22,6 +23,11 @@ cd "$(dirname "$0")/.."
 
 PREFILL_TP=${PREFILL_TP:-1}
 DECODE_TP=${DECODE_TP:-1}
+PREFILL_PP=${PREFILL_PP:-1}
+DECODE_PP=${DECODE_PP:-1}
+# Model flags for both engines and the client, e.g. "--mla --heads 1",
+# "--hybrid", "--layers 5" (word-split on purpose).
+MODEL_ARGS=${MODEL_ARGS:-}
 PREFILL_PORT=${PREFILL_PORT:-8010}
 DECODE_PORT=${DECODE_PORT:-8020}
 PROXY_PORT=${PROXY_PORT:-8000}
@@ -64,11 +70,13 @@ wait_health() { # url name pid
   echo "$2 did not become healthy"; tail -20 "$LOGDIR/$2.log"; return 1
 }
 
-echo "starting prefill (TP $PREFILL_TP) on :$PREFILL_PORT, bootstrap :$BOOTSTRAP_PORT"
-"$BIN/prefill" --port "$PREFILL_PORT" --tp "$PREFILL_TP" >"$LOGDIR/prefill.log" 2>&1 &
+echo "starting prefill (TP $PREFILL_TP, PP $PREFILL_PP${MODEL_ARGS:+, $MODEL_ARGS}) on :$PREFILL_PORT, bootstrap :$BOOTSTRAP_PORT"
+# shellcheck disable=SC2086
+"$BIN/prefill" --port "$PREFILL_PORT" --tp "$PREFILL_TP" --pp "$PREFILL_PP" $MODEL_ARGS >"$LOGDIR/prefill.log" 2>&1 &
 pids+=($!); prefill_pid=$!
-echo "starting decode (TP $DECODE_TP) on :$DECODE_PORT"
-"$BIN/decode" --port "$DECODE_PORT" --tp "$DECODE_TP" >"$LOGDIR/decode.log" 2>&1 &
+echo "starting decode (TP $DECODE_TP, PP $DECODE_PP) on :$DECODE_PORT"
+# shellcheck disable=SC2086
+"$BIN/decode" --port "$DECODE_PORT" --tp "$DECODE_TP" --pp "$DECODE_PP" $MODEL_ARGS >"$LOGDIR/decode.log" 2>&1 &
 pids+=($!); decode_pid=$!
 wait_health "http://127.0.0.1:$PREFILL_PORT" prefill "$prefill_pid"
 wait_health "http://127.0.0.1:$DECODE_PORT" decode "$decode_pid"
@@ -95,7 +103,7 @@ sample_threads "$decode_pid" "$LOGDIR/decode.threads" & sampler2=$!
 
 client_rc=0
 "$BIN/pd_client" --url "http://127.0.0.1:$PROXY_PORT" --requests "$REQUESTS" \
-  --concurrency "$CONCURRENCY" --max-len "$MAX_LEN" --wait-secs "$WAIT_SECS" \
+  --concurrency "$CONCURRENCY" --max-len "$MAX_LEN" --wait-secs "$WAIT_SECS" $MODEL_ARGS \
   | tee "$LOGDIR/client.log" || client_rc=$?
 touch "$LOGDIR/.client-done"
 if [ "$client_rc" != 0 ]; then
@@ -123,16 +131,20 @@ for _ in $(seq 1 40); do
   sleep 0.25
 done
 dm=$(curl -sf "http://127.0.0.1:$DECODE_PORT/metrics")
-python3 - "$pm" "$dm" "$((REQUESTS + probes))" "$PREFILL_TP" "$DECODE_TP" <<'PY'
+python3 - "$pm" "$dm" "$((REQUESTS + probes))" "$PREFILL_TP" "$DECODE_TP" "$PREFILL_PP" "$DECODE_PP" <<'PY'
 import json, sys
-p, d, n, ptp, dtp = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+p, d = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+n, ptp, dtp, ppp, dpp = (int(x) for x in sys.argv[3:8])
 pc, dc = p["connector"], d["connector"]
-# Each prefill rank writes to each decode rank it is paired with.
-pairs = max(ptp, dtp)
+# Each prefill worker answers each decode worker it is paired with: TP
+# ranks by vLLM's rule, PP stages one to one when the sizes match, else
+# every stage with every stage (a stage sharing no layer answers at once).
+pairs = max(ptp, dtp) * (ppp if ppp == dpp else ppp * dpp)
 errors = []
 if pc["transfers_ok"] != n * pairs: errors.append("prefill transfers_ok %d, want %d" % (pc["transfers_ok"], n * pairs))
 if pc["transfers_failed"] or dc["pulls_failed"]: errors.append("failures: %s %s" % (pc["transfers_failed"], dc["pulls_failed"]))
-if dc["pulls_ok"] != n * dtp: errors.append("decode pulls_ok %d, want %d" % (dc["pulls_ok"], n * dtp))
+if dc["pulls_ok"] != n * dtp * dpp: errors.append("decode pulls_ok %d, want %d" % (dc["pulls_ok"], n * dtp * dpp))
+if pc["bytes_sent"] != dc["bytes_received"]: errors.append("prefill sent %d bytes, decode received %d" % (pc["bytes_sent"], dc["bytes_received"]))
 if p["requests_holding_kv"] or p["blocks_free"] != p["blocks_total"]: errors.append("prefill still holds KV: %s" % p)
 if d["blocks_free"] != d["blocks_total"]: errors.append("decode still holds blocks: %s" % d)
 print("prefill: %d transfers, %d bytes, %d descriptors; decode: %d pulls, %d bytes" % (
@@ -140,4 +152,4 @@ print("prefill: %d transfers, %d bytes, %d descriptors; decode: %d pulls, %d byt
 if errors:
     print("METRICS MISMATCH: " + "; ".join(errors)); sys.exit(1)
 PY
-echo "run_pd_example: OK (prefill TP $PREFILL_TP -> decode TP $DECODE_TP, proxy /health: $PROXY_HEALTH, $probes readiness probe request(s))"
+echo "run_pd_example: OK (prefill TP $PREFILL_TP PP $PREFILL_PP -> decode TP $DECODE_TP PP $DECODE_PP${MODEL_ARGS:+, $MODEL_ARGS}, proxy /health: $PROXY_HEALTH, $probes readiness probe request(s))"

@@ -130,13 +130,18 @@ step "semver: public API of mooncake-sys and mooncake against the last release t
 wait "$semver_install" || { cat target/semver-install.log; echo "building cargo-semver-checks failed" >&2; exit 1; }
 scripts/semver-check.sh
 
-step "end-to-end: prefill, decode and proxy processes (TP 1:1 at concurrency 1 and 64, 2:1, 1:2)"
+step "end-to-end: prefill, decode and proxy processes (TP 1:1 at concurrency 1 and 64, 2:1, 1:2; PP 2:1 hybrid; MLA TP 2:1 into PP 2)"
 # The threads at 64 concurrent requests may not exceed those at 1.
 REQUESTS=64 CONCURRENCY=1 scripts/run_pd_example.sh
 REQUESTS=64 CONCURRENCY=64 MAX_THREADS="$(cat target/pd-example/prefill.threads) $(cat target/pd-example/decode.threads)" \
   scripts/run_pd_example.sh
 PREFILL_TP=2 DECODE_TP=1 scripts/run_pd_example.sh
-PREFILL_TP=1 DECODE_TP=2 scripts/run_pd_example.sh
+# TP 1:2 behind a proxy without /health or /v1/models, as vLLM's own.
+PROXY_HEALTH=none PREFILL_TP=1 DECODE_TP=2 scripts/run_pd_example.sh
+# Parallel layouts as separate processes (each also in tests/parallel_layouts.rs):
+# PP 2 -> 1 with a hybrid two-group model, MLA TP 2 -> TP 1 with PP 2.
+PREFILL_PP=2 MODEL_ARGS="--hybrid --layers 5" scripts/run_pd_example.sh
+PREFILL_TP=2 DECODE_PP=2 MODEL_ARGS="--mla --heads 1" scripts/run_pd_example.sh
 
 step_done
 printf '\nstep times:\n%s%6d s  total\n' "$STEP_TIMES" "$SECONDS"
