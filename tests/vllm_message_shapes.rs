@@ -618,7 +618,6 @@ fn stage1_with(regions: &[(usize, u64)]) -> Vec<u8> {
 }
 
 #[test]
-#[ignore = "vLLM skips a layer only when the decoder lacks it entirely; the connector also skips a missing later occurrence of a shared layer"]
 fn pp_partial_match_refuses_a_missing_occurrence_of_a_shared_layer() {
     // The producer registers layer 2 as two regions (occurrences 0 and 1);
     // the decoder stage has only occurrence 0. vLLM's
@@ -633,7 +632,6 @@ fn pp_partial_match_refuses_a_missing_occurrence_of_a_shared_layer() {
 }
 
 #[test]
-#[ignore = "vLLM ignores decoder regions the producer lacks (e.g. a decoder-only draft layer); the connector refuses the message"]
 fn equal_pp_sizes_ignore_decoder_only_regions() {
     // Same PP size (1), and the decoder registers one layer more (4) than
     // the producer (0-3). vLLM aligns producer regions only, so it sends
@@ -651,7 +649,6 @@ fn equal_pp_sizes_ignore_decoder_only_regions() {
 }
 
 #[test]
-#[ignore = "vLLM matches partially only when the decoder's PP size is > 1 and differs; for a PP-1 decoder every producer layer must be there"]
 fn pp1_decoder_must_have_every_producer_layer() {
     // Producer PP 2 stage 1 (layers 2, 3) and a PP-1 decoder that lacks
     // layer 3: vLLM's allow_partial_layers is false (remote_pp_size is 1),

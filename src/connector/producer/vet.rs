@@ -61,14 +61,15 @@ fn plan_message(p: &KvLayout, meta: &XferMetadata) -> Result<MessagePlan, Connec
             ),
         ));
     }
-    // Stages of different PP splits own different layers: match by name
-    // and skip what only one side has (a stage may share none, and then
-    // answers at once with nothing written).
+    // A decoder stage of another PP split owns only some of this stage's
+    // layers: match by name and skip the rest (a stage may share none, and
+    // then answers at once with nothing written). A PP-1 decoder has every
+    // layer, so every producer layer must be there (vLLM's rule).
     let d_pp = meta.remote_pp_size as usize;
-    let pairs = if d_pp == p.pp_size {
-        align_regions(&p.regions, &d_layout.regions)?
-    } else {
+    let pairs = if d_pp > 1 && d_pp != p.pp_size {
         align_stage_regions(&p.regions, &d_layout.regions)?
+    } else {
+        align_regions(&p.regions, &d_layout.regions)?
     };
     // Layers that share one storage on the decode side are listed as
     // regions with the same base: the storage is written once, through the

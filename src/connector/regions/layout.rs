@@ -211,9 +211,10 @@ pub fn check_tp_sizes(p_tp: usize, d_tp: usize) -> Result<(), ConnectorError> {
 }
 
 /// Pairs producer regions with consumer regions by (layer name, occurrence
-/// of that name); by position when either side has no names. Every region
-/// must find its partner; see [`align_stage_regions`] for stages of
-/// different PP splits.
+/// of that name); by position (equal counts) when either side has no names.
+/// Every producer region must find its partner; consumer regions without
+/// one are left alone. See [`align_stage_regions`] for a decoder whose PP
+/// split differs.
 pub fn align_regions(
     p: &[KvRegion],
     d: &[KvRegion],
@@ -221,9 +222,10 @@ pub fn align_regions(
     align(p, d, false)
 }
 
-/// Like [`align_regions`], for PP stages that own different layers (the two
-/// sides' PP sizes differ): layers only one side has are skipped, which may
-/// leave no pair at all. Names are required.
+/// Like [`align_regions`], for a decoder with PP > 1 whose split differs
+/// from the producer's: producer layers the decoder's stage does not have
+/// are skipped (which may leave no pair at all); a missing later occurrence
+/// of a layer it has is still an error. Names are required.
 pub fn align_stage_regions(
     p: &[KvRegion],
     d: &[KvRegion],
@@ -256,6 +258,8 @@ fn align(
                 })
                 .collect()
         };
+        let d_has_layer: std::collections::HashSet<&str> =
+            d.iter().map(|r| r.layer_name.as_str()).collect();
         let mut out = Vec::with_capacity(p.len());
         for (i, r) in p.iter().enumerate() {
             let o = seen.entry(&r.layer_name).or_default();
@@ -263,7 +267,9 @@ fn align(
             *o += 1;
             match d_keys.get(&key) {
                 Some(&j) => out.push((i, j)),
-                None if partial => {}
+                // A layer the decoder's stage does not have at all; a
+                // missing later occurrence of a layer it has is an error.
+                None if partial && !d_has_layer.contains(key.0) => {}
                 None => {
                     return Err(layout_err(format!(
                         "layer {} (occurrence {}) is missing on the decode side",
@@ -272,13 +278,8 @@ fn align(
                 }
             }
         }
-        if !partial && out.len() != d.len() {
-            return Err(layout_err(format!(
-                "the prefill side has {} regions, the decode side {}",
-                p.len(),
-                d.len()
-            )));
-        }
+        // Decoder regions without a producer partner (a decoder-only draft
+        // layer, say) are not written, as in vLLM.
         out
     } else {
         if p.len() != d.len() {

@@ -373,8 +373,14 @@ fn stage_alignment_skips_layers_one_side_lacks() {
     assert_eq!(align_stage_regions(&d, &p).unwrap(), [(2, 0), (3, 1)]);
     // No shared layer: an empty plan, not an error.
     assert!(align_stage_regions(&p, &d[..2]).unwrap().is_empty());
-    // Exact alignment still refuses it.
-    assert!(align_regions(&p, &d).is_err());
+    // Exact alignment needs every producer layer; decoder-only layers are
+    // left alone.
+    assert!(align_regions(&d, &p).is_err());
+    assert_eq!(align_regions(&p, &d).unwrap(), [(0, 2), (1, 3)]);
+    // A missing later occurrence of a layer the decoder has is an error
+    // even in stage alignment.
+    let twice = [region("l2", 2, 0, 64, 64), region("l2", 2, 0, 64, 64)];
+    assert!(align_stage_regions(&twice, &d).is_err());
     // A shared layer with another index or group is still refused.
     let mut bad = p.clone();
     bad[0].group_index = 1;
