@@ -6,12 +6,13 @@
 # libstdc++), the Rust GPU tests, the gpu_loopback example and kv_bench. The CUDA
 # runtime is linked statically in all of them.
 #   scripts/build-gpu-bundle.sh && target/gpu-bundle/run.sh   # on the GPU host
+# MAJORS="13" builds one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-cuda-runtimes.sh
 out=target/gpu-bundle
 rm -rf "$out"
-for major in 12 13; do
+for major in ${MAJORS:-12 13}; do
   case $major in
     12) home=$PWD/.cuda/cu12/nvidia/cuda_runtime ;;
     13) home=$PWD/.cuda/cu13/nvidia/cu13 ;;
