@@ -509,3 +509,19 @@ async fn our_server_takes_the_newer_body_in_one_post() {
     );
     s.stop().await;
 }
+
+/// A bootstrap server is a peer: a table larger than the client's bound
+/// (here 6 MiB of padding inside valid JSON) is refused after reading at
+/// most that much, with an error naming the bound.
+#[tokio::test]
+async fn an_oversized_query_answer_is_refused() {
+    let big = format!(
+        r#"{{"0": {{"engine_id": "{}", "worker_addr": {{}}}}}}"#,
+        "x".repeat(6 << 20)
+    );
+    let app = Router::new().route("/query", axum::routing::get(move || async move { big }));
+    let url = stand_in(app).await;
+    let client = BootstrapClient::new(Duration::from_secs(5), RetryPolicy::default());
+    let err = client.query(&url).await.unwrap_err();
+    assert!(err.to_string().contains("larger than"), "{err}");
+}

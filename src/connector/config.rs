@@ -344,6 +344,9 @@ pub struct ConnectorEnv {
     /// bootstrap server requires on `POST /register` (`Authorization:
     /// Bearer <token>`) and our registration client sends.
     pub bootstrap_token: Option<String>,
+    /// `VLLM_PP_LAYER_PARTITION` (unset by default): layers per PP stage,
+    /// comma-separated, as vLLM reads it; unset, layers split evenly.
+    pub pp_layer_partition: Option<Vec<usize>>,
 }
 
 impl Default for ConnectorEnv {
@@ -357,6 +360,7 @@ impl Default for ConnectorEnv {
             unknown_transfer_wait: Duration::from_secs(5),
             bootstrap_query_timeout: Duration::from_secs(10),
             bootstrap_token: None,
+            pp_layer_partition: None,
         }
     }
 }
@@ -454,6 +458,27 @@ impl ConnectorEnv {
             e.bootstrap_query_timeout = secs("MOONCAKE_BOOTSTRAP_QUERY_TIMEOUT", &v)?;
         }
         e.bootstrap_token = bootstrap_token(&get);
+        if let Some(v) = get("VLLM_PP_LAYER_PARTITION") {
+            let parts: Result<Vec<usize>, _> =
+                v.split(',').map(|x| x.trim().parse::<usize>()).collect();
+            e.pp_layer_partition = match parts {
+                Ok(p)
+                    if !p.is_empty()
+                        && p.len() <= 64
+                        && p.iter().all(|&n| (1..=100_000).contains(&n)) =>
+                {
+                    Some(p)
+                }
+                _ => {
+                    return Err(ConnectorError::config(
+                        "VLLM_PP_LAYER_PARTITION",
+                        format!(
+                        "{v:?} is not a comma-separated list of layer counts (one per PP stage)"
+                    ),
+                    ))
+                }
+            };
+        }
         e.host_ip = match get("VLLM_HOST_IP") {
             Some(ip) if !ip.trim().is_empty() => {
                 let ip = ip.trim().to_string();

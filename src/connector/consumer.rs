@@ -11,7 +11,9 @@ use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use super::bootstrap::{BootstrapClient, QueryTable, RetryPolicy};
 use super::error::{ConnectorError, ConnectorErrorCode};
-use super::protocol::{decode, encode, GroupBlocks, XferMetadata, XferResponse, XferStatus};
+use super::protocol::{
+    decode, encode, GroupBlocks, XferMetadata, XferResponse, XferStatus, MAX_PP_SIZE, MAX_TP_SIZE,
+};
 use super::regions::{check_tp_sizes, target_ranks};
 use super::stats::ConnectorStats;
 use super::worker::WorkerContext;
@@ -153,43 +155,14 @@ impl Consumer {
         self.engines.lock().unwrap().get(engine_id).cloned().ok_or_else(|| {
             ConnectorError::new(
                 ConnectorErrorCode::Bootstrap,
-                format!("remote engine_id {engine_id} not found from bootstrap server {bootstrap_addr}"),
+                format!("remote engine_id {engine_id} not found from bootstrap server {bootstrap_addr} (or not every TP rank and PP stage has registered yet)"),
             )
         })
     }
 
     fn cache_table(&self, table: &QueryTable) -> Result<(), ConnectorError> {
-        let mut engines = self.engines.lock().unwrap();
-        for (dp, entry) in table {
-            let mut workers = BTreeMap::new();
-            for (tp, pps) in &entry.worker_addr {
-                let tp: usize = tp.parse().map_err(|_| {
-                    ConnectorError::new(
-                        ConnectorErrorCode::Protocol,
-                        format!("bootstrap table: dp {dp} has tp rank {tp:?}"),
-                    )
-                })?;
-                let mut m = BTreeMap::new();
-                for (pp, addr) in pps {
-                    let pp: usize = pp.parse().map_err(|_| {
-                        ConnectorError::new(
-                            ConnectorErrorCode::Protocol,
-                            format!("bootstrap table: tp {tp} has pp rank {pp:?}"),
-                        )
-                    })?;
-                    m.insert(pp, addr.clone());
-                }
-                workers.insert(tp, m);
-            }
-            engines.insert(
-                entry.engine_id.clone(),
-                RemoteEngine {
-                    tp_size: workers.len(),
-                    pp_size: workers.values().map(|m| m.len()).max().unwrap_or(1),
-                    workers,
-                },
-            );
-        }
+        let found = engines_of(table)?;
+        self.engines.lock().unwrap().extend(found);
         Ok(())
     }
 
@@ -468,6 +441,61 @@ impl Consumer {
     }
 }
 
+/// The prefill engines of a bootstrap table whose topology is complete
+/// (TP ranks 0..tp, each with PP ranks 0..pp, within the protocol's
+/// bounds); Err on a malformed rank.
+fn engines_of(table: &QueryTable) -> Result<Vec<(String, RemoteEngine)>, ConnectorError> {
+    let mut engines = Vec::new();
+    for (dp, entry) in table {
+        let mut workers = BTreeMap::new();
+        for (tp, pps) in &entry.worker_addr {
+            let tp: usize = tp.parse().map_err(|_| {
+                ConnectorError::new(
+                    ConnectorErrorCode::Protocol,
+                    format!("bootstrap table: dp {dp} has tp rank {tp:?}"),
+                )
+            })?;
+            let mut m = BTreeMap::new();
+            for (pp, addr) in pps {
+                let pp: usize = pp.parse().map_err(|_| {
+                    ConnectorError::new(
+                        ConnectorErrorCode::Protocol,
+                        format!("bootstrap table: tp {tp} has pp rank {pp:?}"),
+                    )
+                })?;
+                m.insert(pp, addr.clone());
+            }
+            workers.insert(tp, m);
+        }
+        // Only a complete topology is cached: TP ranks 0..tp, each with
+        // PP ranks 0..pp. A table read while a prefiller's stages were
+        // still registering would otherwise fix a wrong TP or PP size
+        // for good (and a PP-1 decoder would pull one stage's layers
+        // and call it done). The lookup fails; a later one asks again.
+        let tp_size = workers.len();
+        let pp_size = workers.values().map(|m| m.len()).max().unwrap_or(0);
+        let complete = (1..=MAX_TP_SIZE as usize).contains(&tp_size)
+            && (1..=MAX_PP_SIZE as usize).contains(&pp_size)
+            && workers.keys().copied().eq(0..tp_size)
+            && workers.values().all(|m| m.keys().copied().eq(0..pp_size));
+        if !complete {
+            tracing::warn!(target: "mooncake_connector::consumer", engine = %entry.engine_id,
+                "bootstrap table: engine {} has an incomplete or oversized topology (TP ranks {:?}); not cached",
+                entry.engine_id, workers.keys().take(8).collect::<Vec<_>>());
+            continue;
+        }
+        engines.push((
+            entry.engine_id.clone(),
+            RemoteEngine {
+                tp_size,
+                pp_size,
+                workers,
+            },
+        ));
+    }
+    Ok(engines)
+}
+
 /// The per-request results of one prefill rank.
 type Results = HashMap<String, Result<(), String>>;
 
@@ -577,6 +605,51 @@ mod tests {
             transfer_id: format!("xfer-{id}"),
             blocks,
         }
+    }
+
+    /// (TP rank, its PP ranks) of one engine.
+    type Ranks<'a> = &'a [(&'a str, &'a [&'a str])];
+
+    fn table(entries: &[(&str, Ranks<'_>)]) -> QueryTable {
+        let mut t = QueryTable::new();
+        for (dp, (engine, ranks)) in entries.iter().enumerate() {
+            let worker_addr = ranks
+                .iter()
+                .map(|(tp, pps)| {
+                    let m = pps
+                        .iter()
+                        .map(|pp| (pp.to_string(), format!("tcp://127.0.0.1:{}", 5000 + dp)))
+                        .collect();
+                    (tp.to_string(), m)
+                })
+                .collect();
+            t.insert(
+                dp.to_string(),
+                crate::connector::bootstrap::DpEntry {
+                    engine_id: engine.to_string(),
+                    worker_addr,
+                },
+            );
+        }
+        t
+    }
+
+    #[test]
+    fn only_complete_topologies_are_cached() {
+        let t = table(&[
+            ("full", &[("0", &["0", "1"]), ("1", &["0", "1"])]),
+            // Stage 1 of TP rank 1 not registered yet.
+            ("half", &[("0", &["0", "1"]), ("1", &["0"])]),
+            // TP rank 0 missing.
+            ("gap", &[("1", &["0"])]),
+        ]);
+        let found = engines_of(&t).unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].0, "full");
+        assert_eq!((found[0].1.tp_size, found[0].1.pp_size), (2, 2));
+        // A rank that is not a number is a protocol error.
+        let bad = table(&[("x", &[("zero", &["0"])])]);
+        assert!(engines_of(&bad).is_err());
     }
 
     #[test]

@@ -228,7 +228,8 @@ async fn start_rank(
     let (kv, env, cache, stats) = (
         opts.kv.clone(),
         opts.env.clone(),
-        opts.cache.stage(pp, stage)?,
+        opts.cache
+            .stage(pp, stage, opts.env.pp_layer_partition.as_deref())?,
         stats.clone(),
     );
     let (tp, dp) = (opts.tp, opts.dp_rank);

@@ -46,6 +46,10 @@ pub struct KvCacheSpec {
     /// KV-cache groups of the whole model (a PP stage may own layers of
     /// only some; requests carry block ids for every group).
     pub groups: usize,
+    /// Names of the model's layers that other PP stages own (empty for the
+    /// whole model): a decoder of the same PP split that lists one of them
+    /// for this stage splits the layers differently.
+    pub other_stage_layers: Vec<String>,
 }
 
 impl KvCacheSpec {
@@ -73,27 +77,59 @@ impl KvCacheSpec {
                 .collect(),
             heads: KvHeads::Split,
             groups: 1,
+            other_stage_layers: Vec::new(),
         }
     }
 
-    /// The layers PP stage `pp_rank` of `pp_size` owns: contiguous ranges,
-    /// as vLLM splits them (an even share each; the layers left over go one
-    /// each to the stages before the last, counting back from it). A layer
-    /// sharing storage with a layer of another stage gets its own storage.
-    pub fn stage(&self, pp_size: usize, pp_rank: usize) -> Result<Self, ConnectorError> {
-        let range = pp_layer_range(self.layers.len(), pp_size, pp_rank)?;
-        let start = range.start;
-        let layers = self.layers[range]
+    /// The layers PP stage `pp_rank` of `pp_size` owns, by layer index
+    /// (the model's hidden-layer number): `partition` gives the layers of
+    /// each stage (vLLM's `VLLM_PP_LAYER_PARTITION`); without it, the model's
+    /// layers (up to the highest index) split as vLLM splits them, an even
+    /// share each, the leftover going one each to the stages before the
+    /// last. A layer sharing storage with a layer of another stage gets its
+    /// own storage.
+    pub fn stage(
+        &self,
+        pp_size: usize,
+        pp_rank: usize,
+        partition: Option<&[usize]>,
+    ) -> Result<Self, ConnectorError> {
+        let hidden = self
+            .layers
             .iter()
-            .map(|l| LayerSpec {
-                shares_with: l.shares_with.and_then(|j| j.checked_sub(start)),
-                ..l.clone()
-            })
+            .map(|l| usize::try_from(l.index).map(|i| i + 1).unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        let range = match partition {
+            Some(p) => partition_range(p, hidden, pp_size, pp_rank)?,
+            None => pp_layer_range(hidden, pp_size, pp_rank)?,
+        };
+        let owns = |l: &LayerSpec| usize::try_from(l.index).is_ok_and(|i| range.contains(&i));
+        // Old position -> new position of the layers kept.
+        let mut new_pos = vec![None; self.layers.len()];
+        let mut layers = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            if owns(l) {
+                new_pos[i] = Some(layers.len());
+                layers.push(l.clone());
+            }
+        }
+        for l in &mut layers {
+            l.shares_with = l
+                .shares_with
+                .and_then(|j| new_pos.get(j).copied().flatten());
+        }
+        let other_stage_layers = self
+            .layers
+            .iter()
+            .filter(|l| !owns(l))
+            .map(|l| l.name.clone())
             .collect();
         Ok(Self {
             layers,
             heads: self.heads,
             groups: self.groups,
+            other_stage_layers,
         })
     }
 
@@ -200,6 +236,25 @@ impl KvCacheSpec {
     pub fn max_blocks(&self) -> u64 {
         self.layers.iter().map(|l| l.num_blocks).max().unwrap_or(0)
     }
+}
+
+/// The layers of stage `pp_rank` under an explicit partition (layer counts
+/// per stage, summing to at least the model's `hidden` layers).
+fn partition_range(
+    partition: &[usize],
+    hidden: usize,
+    pp_size: usize,
+    pp_rank: usize,
+) -> Result<std::ops::Range<usize>, ConnectorError> {
+    let total: usize = partition.iter().sum();
+    if partition.len() != pp_size || pp_rank >= pp_size || total < hidden {
+        return Err(ConnectorError::config(
+            "VLLM_PP_LAYER_PARTITION",
+            format!("{partition:?} does not split {hidden} layers into {pp_size} stages"),
+        ));
+    }
+    let start: usize = partition[..pp_rank].iter().sum();
+    Ok(start..start + partition[pp_rank])
 }
 
 /// The layers `[start, end)` PP stage `pp_rank` of `pp_size` owns out of
@@ -399,5 +454,65 @@ mod tests {
         )
         .unwrap();
         assert_eq!(engine_protocol(c.mooncake_protocol), Protocol::Auto);
+    }
+
+    fn spec_of(indices: &[i64]) -> KvCacheSpec {
+        let mut s = KvCacheSpec::uniform(
+            indices.iter().map(|i| format!("layer{i}")).collect(),
+            4,
+            64,
+            64,
+        );
+        for (l, &i) in s.layers.iter_mut().zip(indices) {
+            l.index = i;
+        }
+        s
+    }
+
+    #[test]
+    fn stages_own_layers_by_index_and_follow_a_partition() {
+        // Layers 0..5, even split over 2 stages: 0..3 and 3..5.
+        let s = spec_of(&[0, 1, 2, 3, 4]);
+        let names = |x: &KvCacheSpec| x.layers.iter().map(|l| l.index).collect::<Vec<_>>();
+        assert_eq!(names(&s.stage(2, 0, None).unwrap()), [0, 1, 2]);
+        assert_eq!(names(&s.stage(2, 1, None).unwrap()), [3, 4]);
+        assert_eq!(
+            s.stage(2, 1, None).unwrap().other_stage_layers,
+            ["layer0", "layer1", "layer2"]
+        );
+        // VLLM_PP_LAYER_PARTITION "1,4".
+        assert_eq!(names(&s.stage(2, 0, Some(&[1, 4])).unwrap()), [0]);
+        assert_eq!(names(&s.stage(2, 1, Some(&[1, 4])).unwrap()), [1, 2, 3, 4]);
+        assert!(s.stage(2, 0, Some(&[1, 1])).is_err(), "too few layers");
+        assert!(s.stage(2, 0, Some(&[5])).is_err(), "one entry per stage");
+        // Layers without KV (indices 1 and 3 missing): split by index.
+        let gaps = spec_of(&[0, 2, 4, 5]);
+        assert_eq!(names(&gaps.stage(2, 0, None).unwrap()), [0, 2]);
+        assert_eq!(names(&gaps.stage(2, 1, None).unwrap()), [4, 5]);
+    }
+
+    #[test]
+    fn shared_storage_follows_the_layer_into_its_stage() {
+        let mut s = spec_of(&[0, 1, 2, 3]);
+        s.layers[3].shares_with = Some(1);
+        s.layers[2].shares_with = Some(0);
+        s.validate().unwrap();
+        let (offsets, total) = s.offsets().unwrap();
+        assert_eq!(offsets, [0, 256, 0, 256]);
+        assert_eq!(total, 512);
+        // Stage 1 owns layers 2 and 3, whose partners are on stage 0: they
+        // get their own storage.
+        let st = s.stage(2, 1, None).unwrap();
+        assert_eq!(
+            st.layers.iter().map(|l| l.shares_with).collect::<Vec<_>>(),
+            [None, None]
+        );
+        // One stage with both: the sharing is kept, positions remapped.
+        let all = s.stage(1, 0, None).unwrap();
+        assert_eq!(all.layers[3].shares_with, Some(1));
+        // A layer sharing with a later one is refused.
+        let mut bad = spec_of(&[0, 1]);
+        bad.layers[0].shares_with = Some(1);
+        assert!(bad.validate().is_err());
     }
 }

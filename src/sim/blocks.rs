@@ -100,11 +100,17 @@ impl GroupPools {
         if !self.fits(counts) {
             return None;
         }
-        let mut out = Vec::with_capacity(counts.len());
+        // Blocks taken so far go back if this future is dropped while it
+        // waits for a later group (a client that left, say).
+        let mut taken = Taken {
+            pools: self,
+            blocks: Vec::with_capacity(counts.len()),
+        };
         for (&n, pool) in counts.iter().zip(&self.pools) {
-            out.push(pool.allocate(n).await?);
+            let ids = pool.allocate(n).await?;
+            taken.blocks.push(ids);
         }
-        Some(out)
+        Some(std::mem::take(&mut taken.blocks))
     }
 
     /// Returns blocks (ids per group).
@@ -112,6 +118,19 @@ impl GroupPools {
         for (ids, pool) in blocks.iter().zip(&self.pools) {
             pool.free(ids);
         }
+    }
+}
+
+/// Blocks of a [`GroupPools::allocate`] in progress, freed on drop unless
+/// handed out.
+struct Taken<'a> {
+    pools: &'a GroupPools,
+    blocks: Vec<Vec<u64>>,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.pools.free(&self.blocks);
     }
 }
 
@@ -123,4 +142,25 @@ pub fn count(blocks: &[Vec<u64>]) -> usize {
 /// The sum of per-group block counts.
 pub fn count_of(counts: &[usize]) -> usize {
     counts.iter().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_allocation_dropped_while_waiting_frees_what_it_took() {
+        let pools = GroupPools::new(2, 4);
+        // Group 1 is full: an allocation takes group 0's blocks, then waits.
+        let held = pools.allocate(&[0, 4]).await.unwrap();
+        assert_eq!(pools.available(), 4);
+        let waiting = pools.allocate(&[3, 1]);
+        let gone = tokio::time::timeout(std::time::Duration::from_millis(50), waiting).await;
+        assert!(gone.is_err(), "it waits for group 1");
+        // Dropped by the timeout: group 0's three blocks are back.
+        assert_eq!(pools.available(), 4);
+        pools.free(&held);
+        assert_eq!(pools.available(), 8);
+        assert!(pools.allocate(&[4, 4]).await.is_some());
+    }
 }

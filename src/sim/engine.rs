@@ -524,7 +524,10 @@ impl SimEngine {
         pull: PullRequest,
     ) -> Option<String> {
         let reqs = vec![pull];
-        let outcomes = self.connector.pull(bootstrap, engine_id, reqs.clone()).await;
+        let outcomes = self
+            .connector
+            .pull(bootstrap, engine_id, reqs.clone())
+            .await;
         // What vLLM's workers hand the scheduler: block ids, or the request
         // id for a hybrid model.
         let failures: Vec<_> = outcomes

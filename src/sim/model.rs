@@ -185,6 +185,7 @@ impl ModelSpec {
                 .collect(),
             heads: self.kv_heads(),
             groups: self.groups(),
+            other_stage_layers: Vec::new(),
         }
     }
 

@@ -225,7 +225,7 @@ impl BootstrapClient {
             if status.is_success() {
                 return Ok(Ok(()));
             }
-            let text = resp.text().await.unwrap_or_default();
+            let text = read_capped(resp, MAX_ERROR_BODY).await.unwrap_or_default();
             Ok(Err((status, truncate(text))))
         })
         .await
@@ -246,13 +246,21 @@ impl BootstrapClient {
                 .map_err(|e| classify(&url, e))?;
             let status = resp.status();
             if !status.is_success() {
-                let body = resp.text().await.unwrap_or_default();
+                let body = read_capped(resp, MAX_ERROR_BODY).await.unwrap_or_default();
                 return Err(CallError::Fatal(ConnectorError::new(
                     ConnectorErrorCode::Bootstrap,
-                    format!("GET {url} returned {status}: {body}"),
+                    format!("GET {url} returned {status}: {}", truncate(body)),
                 )));
             }
-            resp.json::<QueryTable>().await.map_err(|e| {
+            // The server is a peer: its answer is read up to a bound, then
+            // parsed.
+            let body = read_capped(resp, MAX_TABLE_BODY).await.map_err(|e| {
+                CallError::Fatal(ConnectorError::new(
+                    ConnectorErrorCode::Protocol,
+                    format!("GET {url}: {e}"),
+                ))
+            })?;
+            serde_json::from_str::<QueryTable>(&body).map_err(|e| {
                 CallError::Fatal(ConnectorError::new(
                     ConnectorErrorCode::Protocol,
                     format!("GET {url}: the answer is not a bootstrap table: {e}"),
@@ -303,6 +311,29 @@ fn classify(url: &str, e: reqwest::Error) -> CallError {
             format!("{url}: {e}"),
         ))
     }
+}
+
+/// Largest bootstrap table read from a server (a full table of 1,024 TP
+/// ranks × 64 PP stages of one DP rank is about 3 MiB).
+pub const MAX_TABLE_BODY: usize = 4 << 20;
+/// Largest error body read from a server (only its start is shown).
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// The body of `resp` as text, refused past `cap` bytes (counted as they
+/// arrive, whatever Content-Length says).
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<String, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| format!("reading the answer: {e}"))?
+    {
+        if body.len() + chunk.len() > cap {
+            return Err(format!("the answer is larger than {cap} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    String::from_utf8(body).map_err(|_| "the answer is not UTF-8".to_string())
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use super::zmtp_guard::{serve_front, Limits};
 use pull::handle_message;
 use slots::{SendSlot, SlotState};
 
-pub use vet::{vet_pull, MessagePlan};
+pub use vet::{vet_pull, vet_stage_pull, MessagePlan};
 
 /// What the producer tells its engine about requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +87,9 @@ struct Inner {
     writers: Arc<Semaphore>,
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
     sessions: Mutex<HashMap<String, RemoteSegment>>,
+    // One open in flight per decoder session: the first pulls of a burst
+    // wait for it instead of each running a handshake (and a thread).
+    opening: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     stats: Arc<ConnectorStats>,
 }
 
@@ -158,6 +161,7 @@ impl Producer {
             writers: Arc::new(Semaphore::new(num_workers)),
             in_flight: Default::default(),
             sessions: Mutex::new(HashMap::new()),
+            opening: Mutex::new(HashMap::new()),
         });
         let serve = spawn_receiver(inner.clone(), socket);
         let sweep = spawn_sweep(inner.clone());

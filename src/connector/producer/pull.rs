@@ -6,7 +6,7 @@ use bytes::Bytes;
 use zeromq::{SocketSend, ZmqMessage};
 
 use super::slots::{SendSlot, SlotState};
-use super::vet::{vet_pull, MessagePlan};
+use super::vet::{vet_stage_pull, MessagePlan};
 use super::write::write_ready;
 use super::{Inner, MAX_SLOTS};
 use crate::connector::protocol::{encode, GroupBlocks, XferMetadata, XferResponse, XferStatus};
@@ -50,10 +50,11 @@ pub(super) async fn handle_message(
     tx: zeromq::RouterSendHalf,
 ) {
     let mut reply = Reply { identity, tx };
-    match vet_pull(
+    match vet_stage_pull(
         &inner.ctx.layout,
         inner.ctx.spec.max_blocks(),
         inner.ctx.spec.groups,
+        &inner.ctx.spec.other_stage_layers,
         &payload,
     ) {
         Ok((meta, plan)) => serve_pull(inner, meta, plan, reply).await,

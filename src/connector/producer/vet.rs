@@ -15,13 +15,27 @@ pub fn vet_pull(
     num_groups: usize,
     payload: &[u8],
 ) -> Result<(XferMetadata, MessagePlan), ConnectorError> {
+    vet_stage_pull(layout, num_blocks, num_groups, &[], payload)
+}
+
+/// [`vet_pull`] for a worker of one PP stage: `other_stage_layers` are the
+/// model's layers that other stages own. A decoder of the same PP size
+/// pulls only from this stage, so one that lists such a layer splits the
+/// model differently and would never receive it: refused.
+pub fn vet_stage_pull(
+    layout: &KvLayout,
+    num_blocks: u64,
+    num_groups: usize,
+    other_stage_layers: &[String],
+    payload: &[u8],
+) -> Result<(XferMetadata, MessagePlan), ConnectorError> {
     let meta: XferMetadata = decode("MooncakeXferMetadata", payload)?;
     let bounds = PullBounds {
         num_blocks,
         num_groups,
     };
     meta.validate(&bounds)?;
-    let plan = plan_message(layout, &meta).map_err(|e| {
+    let plan = plan_message(layout, other_stage_layers, &meta).map_err(|e| {
         ConnectorError::new(
             e.code,
             format!(
@@ -46,7 +60,11 @@ pub struct MessagePlan {
     pub need_send: usize,
 }
 
-fn plan_message(p: &KvLayout, meta: &XferMetadata) -> Result<MessagePlan, ConnectorError> {
+fn plan_message(
+    p: &KvLayout,
+    other_stage_layers: &[String],
+    meta: &XferMetadata,
+) -> Result<MessagePlan, ConnectorError> {
     let d_tp = meta.remote_tp_size as usize;
     let d_rank = meta.remote_tp_rank as usize;
     check_tp_sizes(p.tp_size, d_tp.max(1))?;
@@ -71,12 +89,43 @@ fn plan_message(p: &KvLayout, meta: &XferMetadata) -> Result<MessagePlan, Connec
     } else {
         align_regions(&p.regions, &d_layout.regions)?
     };
+    if d_pp == p.pp_size && p.pp_size > 1 {
+        if let Some(r) = d_layout
+            .regions
+            .iter()
+            .find(|r| other_stage_layers.contains(&r.layer_name))
+        {
+            return Err(ConnectorError::new(
+                ConnectorErrorCode::Layout,
+                format!(
+                    "the decoder's stage has layer {:?}, which another prefill stage owns: \
+                     both sides run PP {} but split the layers differently",
+                    r.layer_name, p.pp_size
+                ),
+            ));
+        }
+    }
     // Layers that share one storage on the decode side are listed as
     // regions with the same base: the storage is written once, through the
     // first of them (whichever producer stage owns that layer; the model is
     // the same, so the bytes are too).
+    // Only regions some producer stage writes count: those paired here and
+    // those of layers other stages own (the decoder pulls from them too
+    // when it reaches this point). A decoder-only region (a draft layer)
+    // sharing that storage must not take the write away.
+    let mut paired: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
+    paired.extend(
+        d_layout
+            .regions
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| other_stage_layers.contains(&r.layer_name))
+            .map(|(j, _)| j),
+    );
+    paired.sort_unstable();
     let mut first_with_base = std::collections::HashMap::new();
-    for (j, r) in d_layout.regions.iter().enumerate() {
+    for j in paired {
+        let r = &d_layout.regions[j];
         first_with_base
             .entry((r.base, r.group_index, r.block_len))
             .or_insert(j);
@@ -106,4 +155,94 @@ fn plan_message(p: &KvLayout, meta: &XferMetadata) -> Result<MessagePlan, Connec
         plans,
         need_send: serves.len() * stages,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::connector::protocol::encode;
+    use crate::connector::regions::{KvHeads, KvRegion};
+
+    fn region(i: usize, base: u64) -> KvRegion {
+        KvRegion {
+            base: base + i as u64 * 0x10000,
+            block_len: 64,
+            kv_block_len: 64,
+            layer_name: format!("model.layers.{i}.self_attn.attn"),
+            layer_index: i as i64,
+            group_index: 0,
+        }
+    }
+
+    /// A pull from a decoder stage holding `layers`, of PP size `pp`.
+    fn pull(layers: &[usize], pp: u64) -> Vec<u8> {
+        let mut req_blocks = BTreeMap::new();
+        req_blocks.insert("d".to_string(), ("x".to_string(), vec![vec![1, 2]]));
+        let mut m = XferMetadata {
+            remote_hostname: "127.0.0.1".into(),
+            remote_port: 9000,
+            remote_tp_size: 1,
+            remote_tp_rank: 0,
+            req_blocks,
+            kv_caches_base_addr: vec![],
+            block_lens: vec![],
+            kv_block_lens: vec![],
+            registered_layer_names: vec![],
+            registered_layer_indices: vec![],
+            registered_group_indices: vec![],
+            remote_pp_size: pp,
+        };
+        KvLayout {
+            regions: layers.iter().map(|&i| region(i, 0x1000_0000)).collect(),
+            tp_size: 1,
+            tp_rank: 0,
+            pp_size: pp as usize,
+            pp_rank: 0,
+            heads: KvHeads::Split,
+        }
+        .fill_metadata(&mut m);
+        encode(&m)
+    }
+
+    fn stage(layers: &[usize], pp: usize) -> KvLayout {
+        KvLayout {
+            regions: layers.iter().map(|&i| region(i, 0x2000_0000)).collect(),
+            tp_size: 1,
+            tp_rank: 0,
+            pp_size: pp,
+            pp_rank: 0,
+            heads: KvHeads::Split,
+        }
+    }
+
+    #[test]
+    fn same_pp_size_with_another_split_is_refused() {
+        let others: Vec<String> = (2..4)
+            .map(|i| format!("model.layers.{i}.self_attn.attn"))
+            .collect();
+        let p = stage(&[0, 1], 2);
+        // The decoder's stage 0 holds layers 0..3: it splits differently.
+        let e = vet_stage_pull(&p, 16, 1, &others, &pull(&[0, 1, 2], 2))
+            .err()
+            .expect("refused");
+        assert!(
+            e.detail.contains("split the layers differently"),
+            "{}",
+            e.detail
+        );
+        // The same split is served.
+        let (_, plan) = vet_stage_pull(&p, 16, 1, &others, &pull(&[0, 1], 2)).unwrap();
+        assert_eq!(plan.pairs.len(), 2);
+        assert_eq!(plan.need_send, 1);
+        // A decoder-only layer the model does not have (a draft layer) is
+        // left alone.
+        let (_, plan) = vet_stage_pull(&p, 16, 1, &others, &pull(&[0, 1, 7], 2)).unwrap();
+        assert_eq!(plan.pairs.len(), 2);
+        // A PP-4 decoder stage holding layer 1 only: partial, counted 4 times.
+        let (_, plan) = vet_stage_pull(&p, 16, 1, &others, &pull(&[1], 4)).unwrap();
+        assert_eq!(plan.pairs, [(1, 0)]);
+        assert_eq!(plan.need_send, 4);
+    }
 }

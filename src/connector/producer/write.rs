@@ -130,6 +130,22 @@ async fn decoder_segment(inner: &Arc<Inner>, session: &str) -> Result<RemoteSegm
     if let Some(s) = inner.sessions.lock().unwrap().get(session).cloned() {
         return Ok(s);
     }
+    let gate = inner
+        .opening
+        .lock()
+        .unwrap()
+        .entry(session.to_string())
+        .or_default()
+        .clone();
+    let _turn = gate.lock().await;
+    // The gate lives only while opens are in flight (a decoder that names
+    // hosts nobody answers for must not grow the map): whoever finishes
+    // removes it; tasks already waiting hold their own handle.
+    let _cleanup = RemoveGate(inner, session);
+    // Opened by the pull that held the gate before us?
+    if let Some(s) = inner.sessions.lock().unwrap().get(session).cloned() {
+        return Ok(s);
+    }
     let opened = match inner.ctx.engine.open_segment_async(session) {
         Ok(open) => open.await,
         Err(e) => Err(e),
@@ -141,6 +157,17 @@ async fn decoder_segment(inner: &Arc<Inner>, session: &str) -> Result<RemoteSegm
         .unwrap()
         .insert(session.to_string(), opened.clone());
     Ok(opened)
+}
+
+/// Removes a session's open gate when dropped.
+struct RemoveGate<'a>(&'a Inner, &'a str);
+
+impl Drop for RemoveGate<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.0.opening.lock() {
+            m.remove(self.1);
+        }
+    }
 }
 
 /// One request's outcome: Ok when every descriptor in its `span` was
