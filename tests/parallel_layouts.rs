@@ -187,10 +187,12 @@ async fn replicated_kv_tp_4_to_2() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicated_kv_tp_2_to_4_and_1_to_2() {
+async fn replicated_kv_tp_2_to_4_1_to_2_and_2_to_1() {
     run_pair(model(2, 2), (2, 1), (4, 1)).await;
-    // One KV head on TP 2: both decode ranks hold it.
+    // One KV head on TP 2: both decode ranks hold it; and back, where one
+    // prefill rank of the two sends it.
     run_pair(model(2, 1), (1, 1), (2, 1)).await;
+    run_pair(model(2, 1), (2, 1), (1, 1)).await;
 }
 
 fn hybrid() -> ModelSpec {

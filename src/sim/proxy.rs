@@ -51,6 +51,10 @@ pub struct ProxyConfig {
     /// `/v1/chat/completions`, as vLLM's proxy (no `/health`, no
     /// `/v1/models`), to check clients that must work with it.
     pub completions_only: bool,
+    /// `--prefill-wait-secs` (default 600): how long startup waits for each
+    /// prefill instance's `/health` before giving up with an error naming
+    /// it (vLLM's proxy waits forever).
+    pub prefill_wait: Duration,
 }
 
 impl ProxyConfig {
@@ -63,6 +67,7 @@ impl ProxyConfig {
             decode: vec![],
             bootstrap_addr: None,
             completions_only: false,
+            prefill_wait: Duration::from_secs(600),
         };
         let mut i = 0;
         while i < args.len() {
@@ -97,6 +102,13 @@ impl ProxyConfig {
                     c.completions_only = true;
                     i += 1;
                 }
+                "--prefill-wait-secs" => {
+                    let secs: u64 = val(i)?
+                        .parse()
+                        .map_err(|_| "--prefill-wait-secs: not a number of seconds".to_string())?;
+                    c.prefill_wait = Duration::from_secs(secs.max(1));
+                    i += 2;
+                }
                 "--prefill" => {
                     let url = val(i)?.trim_end_matches('/').to_string();
                     i += 2;
@@ -114,7 +126,7 @@ impl ProxyConfig {
                 }
                 "-h" | "--help" => return Err(
                     "usage: proxy [--host H] [--port P] --prefill URL [BOOTSTRAP_PORT|none] ... \
-                                --decode URL ... [--bootstrap-addr HOST:PORT] [--completions-only]"
+                                --decode URL ... [--bootstrap-addr HOST:PORT] [--completions-only] [--prefill-wait-secs N]"
                         .into(),
                 ),
                 other => return Err(format!("unknown flag {other}")),
@@ -216,8 +228,12 @@ impl Proxy {
         let boot = BootstrapClient::new(Duration::from_secs(30), RetryPolicy::default());
         let mut slots = Vec::new();
         for p in &s.cfg.prefill {
+            // Polled each second, as vLLM's proxy does, but bounded and
+            // saying what it waits for.
+            let deadline = tokio::time::Instant::now() + s.cfg.prefill_wait;
+            let mut polls = 0u64;
             loop {
-                match s
+                let last = match s
                     .http
                     .get(format!("{}/health", p.url))
                     .timeout(Duration::from_secs(5))
@@ -225,8 +241,21 @@ impl Proxy {
                     .await
                 {
                     Ok(r) if r.status().is_success() => break,
-                    _ => tokio::time::sleep(Duration::from_secs(1)).await,
+                    Ok(r) => format!("answered {}", r.status()),
+                    Err(e) => e.to_string(),
+                };
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!(
+                        "prefill {} did not answer /health within {:?} (--prefill-wait-secs): {last}",
+                        p.url, s.cfg.prefill_wait
+                    ));
                 }
+                polls += 1;
+                if polls.is_multiple_of(10) {
+                    tracing::warn!(target: "mooncake_connector::proxy", prefill = %p.url,
+                        "still waiting for the prefill instance's /health: {last}");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
             let bootstrap = match &s.cfg.bootstrap_addr {
                 Some(hp) => hp.url(),
@@ -656,5 +685,25 @@ mod tests {
         assert_eq!(host_of("http://10.0.0.2:8010"), "10.0.0.2");
         assert_eq!(host_of("http://[::1]:8010/x"), "[::1]");
         assert_eq!(host_of("http://localhost"), "localhost");
+    }
+
+    #[tokio::test]
+    async fn startup_gives_up_on_a_prefill_that_never_answers() {
+        // A port nobody listens on (bound, then closed).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let c = ProxyConfig::from_args(&args(&format!(
+            "--prefill http://127.0.0.1:{port} --decode http://127.0.0.1:{port} --prefill-wait-secs 1"
+        )))
+        .unwrap();
+        assert_eq!(c.prefill_wait, Duration::from_secs(1));
+        let started = Instant::now();
+        let e = Proxy::new(c).discover().await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(e.contains("did not answer /health"), "{e}");
+        assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
     }
 }
