@@ -139,11 +139,6 @@ pub fn count(blocks: &[Vec<u64>]) -> usize {
     blocks.iter().map(Vec::len).sum()
 }
 
-/// The sum of per-group block counts.
-pub fn count_of(counts: &[usize]) -> usize {
-    counts.iter().sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -325,7 +325,7 @@ impl SimEngine {
     ) -> Result<GenerateOutput, GenerateError> {
         let needed = self.cfg.spec.blocks_per_group(tokens.len());
         if transfer_id.is_some() {
-            self.reserve_remote(blocks::count_of(&needed))?;
+            self.reserve_remote(needed.iter().sum())?;
         }
         if let Some(tid) = &transfer_id {
             self.connector.request_started(tid);

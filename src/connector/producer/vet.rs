@@ -2,7 +2,7 @@
 use crate::connector::error::{ConnectorError, ConnectorErrorCode};
 use crate::connector::protocol::{decode, PullBounds, XferMetadata};
 use crate::connector::regions::{
-    align_regions, align_stage_regions, check_tp_sizes, pair_plan, target_ranks, CopyPlan, KvLayout,
+    align_regions, align_stage_regions, check_tp_sizes, target_ranks, CopyPlan, HeadShare, KvLayout,
 };
 
 /// Decodes a pull message, validates every field against this worker's
@@ -130,6 +130,9 @@ fn plan_message(
             .entry((r.base, r.group_index, r.block_len))
             .or_insert(j);
     }
+    // Which heads move depends on the two ranks only: worked out once per
+    // message, at the first pair (a message with no pair checks nothing).
+    let mut share: Option<HeadShare> = None;
     let mut kept = Vec::with_capacity(pairs.len());
     let mut plans = Vec::with_capacity(pairs.len());
     for (i, j) in pairs {
@@ -137,7 +140,11 @@ fn plan_message(
         if first_with_base.get(&(dr.base, dr.group_index, dr.block_len)) != Some(&j) {
             continue;
         }
-        if let Some(plan) = pair_plan(pr, dr, p.heads, p.tp_size, p.tp_rank, d_tp, d_rank)? {
+        let share = match &share {
+            Some(s) => s,
+            None => share.insert(HeadShare::new(p.heads, p.tp_size, p.tp_rank, d_tp, d_rank)?),
+        };
+        if let Some(plan) = share.plan(pr, dr)? {
             kept.push((i, j));
             plans.push(plan);
         }

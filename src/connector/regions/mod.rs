@@ -18,5 +18,5 @@ pub use layout::{
 };
 pub use plan::{
     contiguous_runs, pair_plan, request_descriptors, select_blocks, sender_plan, BlockPairs,
-    CopyPlan, Descriptor,
+    CopyPlan, Descriptor, HeadShare,
 };

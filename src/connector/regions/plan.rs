@@ -43,7 +43,8 @@ pub fn sender_plan(
 ///
 /// Blocks are head-major, so what moves is one contiguous run of heads:
 /// the heads both ranks hold, at their offsets in each block. The bytes per
-/// head must agree on both sides.
+/// head must agree on both sides. For many regions of one rank pair, work
+/// out the [`HeadShare`] once and call [`HeadShare::plan`] per region.
 pub fn pair_plan(
     p: &KvRegion,
     d: &KvRegion,
@@ -53,56 +54,90 @@ pub fn pair_plan(
     d_tp: usize,
     d_rank: usize,
 ) -> Result<Option<CopyPlan>, ConnectorError> {
-    check_tp_sizes(p_tp, d_tp)?;
-    let name = &p.layer_name;
-    let ph = heads.rank_heads(p_tp, p_rank, d_tp)?;
-    let dh = heads.rank_heads(d_tp, d_rank, p_tp)?;
-    let (pn, dn) = (ph.len() as u64, dh.len() as u64);
-    if !p.kv_block_len.is_multiple_of(pn) || !d.kv_block_len.is_multiple_of(dn) {
-        return Err(layout_err(format!(
-            "layer {name:?}: kv_block_len {} / {} does not split into {pn} / {dn} heads",
-            p.kv_block_len, d.kv_block_len
-        )));
-    }
-    let per_head = p.kv_block_len / pn;
-    if d.kv_block_len / dn != per_head {
-        return Err(layout_err(format!(
-            "layer {name:?}: {} bytes per head per block on the prefill side (kv_block_len {} over {pn} heads), {} on the decode side (kv_block_len {} over {dn}); the model must be the same on both sides",
-            per_head,
-            p.kv_block_len,
-            d.kv_block_len / dn,
-            d.kv_block_len
-        )));
-    }
-    let lo = ph.start.max(dh.start);
-    let hi = ph.end.min(dh.end);
-    if lo >= hi {
-        return Ok(None);
-    }
-    // Among the producer ranks this consumer rank pulls from, the lowest
-    // one holding these heads sends them.
-    for q in target_ranks(d_tp, p_tp, d_rank) {
-        if q >= p_rank {
-            break;
+    HeadShare::new(heads, p_tp, p_rank, d_tp, d_rank)?.plan(p, d)
+}
+
+/// The heads one producer rank and one consumer rank hold, and the run of
+/// them the producer sends (None: it sends nothing). It depends on the
+/// ranks only, not on the region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadShare {
+    p: std::ops::Range<usize>,
+    d: std::ops::Range<usize>,
+    send: Option<std::ops::Range<usize>>,
+}
+
+impl HeadShare {
+    /// The share of producer rank `p_rank` (TP `p_tp`) with consumer rank
+    /// `d_rank` (TP `d_tp`).
+    pub fn new(
+        heads: KvHeads,
+        p_tp: usize,
+        p_rank: usize,
+        d_tp: usize,
+        d_rank: usize,
+    ) -> Result<Self, ConnectorError> {
+        check_tp_sizes(p_tp, d_tp)?;
+        let p = heads.rank_heads(p_tp, p_rank, d_tp)?;
+        let d = heads.rank_heads(d_tp, d_rank, p_tp)?;
+        let (lo, hi) = (p.start.max(d.start), p.end.min(d.end));
+        let mut send = (lo < hi).then_some(lo..hi);
+        // Among the producer ranks this consumer rank pulls from, the
+        // lowest one holding these heads sends them.
+        if send.is_some() {
+            for q in target_ranks(d_tp, p_tp, d_rank) {
+                if q >= p_rank {
+                    break;
+                }
+                if heads.rank_heads(p_tp, q, d_tp)? == p {
+                    send = None;
+                    break;
+                }
+            }
         }
-        if heads.rank_heads(p_tp, q, d_tp)? == ph {
+        Ok(Self { p, d, send })
+    }
+
+    /// The byte plan for one region pair; Err when the bytes per head
+    /// differ between the two sides (checked whether or not this rank
+    /// sends).
+    pub fn plan(&self, p: &KvRegion, d: &KvRegion) -> Result<Option<CopyPlan>, ConnectorError> {
+        let name = &p.layer_name;
+        let (pn, dn) = (self.p.len() as u64, self.d.len() as u64);
+        if !p.kv_block_len.is_multiple_of(pn) || !d.kv_block_len.is_multiple_of(dn) {
+            return Err(layout_err(format!(
+                "layer {name:?}: kv_block_len {} / {} does not split into {pn} / {dn} heads",
+                p.kv_block_len, d.kv_block_len
+            )));
+        }
+        let per_head = p.kv_block_len / pn;
+        if d.kv_block_len / dn != per_head {
+            return Err(layout_err(format!(
+                "layer {name:?}: {} bytes per head per block on the prefill side (kv_block_len {} over {pn} heads), {} on the decode side (kv_block_len {} over {dn}); the model must be the same on both sides",
+                per_head,
+                p.kv_block_len,
+                d.kv_block_len / dn,
+                d.kv_block_len
+            )));
+        }
+        let Some(send) = &self.send else {
             return Ok(None);
-        }
+        };
+        let plan = CopyPlan {
+            src_offset: (send.start - self.p.start) as u64 * per_head,
+            dst_offset: (send.start - self.d.start) as u64 * per_head,
+            len: send.len() as u64 * per_head,
+            whole_blocks: false,
+        };
+        let whole = plan.src_offset == 0
+            && plan.dst_offset == 0
+            && plan.len == p.block_len
+            && plan.len == d.block_len;
+        Ok(Some(CopyPlan {
+            whole_blocks: whole,
+            ..plan
+        }))
     }
-    let plan = CopyPlan {
-        src_offset: (lo - ph.start) as u64 * per_head,
-        dst_offset: (lo - dh.start) as u64 * per_head,
-        len: (hi - lo) as u64 * per_head,
-        whole_blocks: false,
-    };
-    let whole = plan.src_offset == 0
-        && plan.dst_offset == 0
-        && plan.len == p.block_len
-        && plan.len == d.block_len;
-    Ok(Some(CopyPlan {
-        whole_blocks: whole,
-        ..plan
-    }))
 }
 
 /// Splits paired block lists into runs where both ids go up by one:
