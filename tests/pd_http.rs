@@ -3,19 +3,15 @@
 //! failure policy, malformed kv_transfer_params).
 mod pd;
 
-use std::sync::Arc;
+use pd::Served;
+
 use std::time::{Duration, Instant};
 
 use mooncake_connector::connector::{ConnectorEnv, KvTransferConfig};
-use mooncake_connector::sim::engine::{SimEngine, SimEngineConfig};
+use mooncake_connector::sim::engine::SimEngineConfig;
 use mooncake_connector::sim::model::{expected_completion, ModelSpec};
-use mooncake_connector::sim::server::{response_text, router};
+use mooncake_connector::sim::server::response_text;
 use serde_json::{json, Value};
-
-struct Served {
-    engine: Arc<SimEngine>,
-    url: String,
-}
 
 fn spec() -> ModelSpec {
     ModelSpec {
@@ -55,12 +51,7 @@ async fn serve(
         prefill_time_per_token: Duration::from_micros(us_per_token),
         remote_decode_block_budget: spec().num_blocks / 2,
     };
-    let engine = SimEngine::start(cfg).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let app = router(engine.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    Served { engine, url }
+    pd::serve_engine(cfg).await
 }
 
 async fn post(url: &str, body: Value) -> (u16, String) {

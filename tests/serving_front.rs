@@ -5,6 +5,8 @@
 //! without `/health` and `/v1/models`.
 mod pd;
 
+use pd::Served;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,16 +14,11 @@ use std::time::{Duration, Instant};
 use axum::routing::{get, post};
 use axum::Router;
 use mooncake_connector::connector::{ConnectorEnv, KvTransferConfig};
-use mooncake_connector::sim::engine::{SimEngine, SimEngineConfig};
+use mooncake_connector::sim::engine::SimEngineConfig;
 use mooncake_connector::sim::model::{chat_prompt, expected_completion, ModelSpec};
 use mooncake_connector::sim::proxy::{wait_ready, Proxy, ProxyConfig, ReadyBy, PROBE_PROMPT};
-use mooncake_connector::sim::server::{response_text, router, stream_usage};
+use mooncake_connector::sim::server::{response_text, stream_usage};
 use serde_json::{json, Value};
-
-struct Served {
-    engine: Arc<SimEngine>,
-    url: String,
-}
 
 fn spec() -> ModelSpec {
     ModelSpec {
@@ -55,17 +52,7 @@ async fn serve(role: &str, model: &str) -> Served {
         prefill_time_per_token: Duration::ZERO,
         remote_decode_block_budget: spec().num_blocks / 2,
     };
-    let engine = SimEngine::start(cfg).await.unwrap();
-    let url = spawn(router(engine.clone())).await;
-    Served { engine, url }
-}
-
-/// Serves `app` on a free port of 127.0.0.1.
-async fn spawn(app: Router) -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-    url
+    pd::serve_engine(cfg).await
 }
 
 fn http() -> reqwest::Client {
@@ -324,7 +311,7 @@ async fn proxy_models_is_the_decode_list_once_ready() {
     let p = serve("kv_producer", "sim-prefill").await;
     let d = serve("kv_consumer", "sim-decode").await;
     let proxy = proxy_for(&p, &d.url, &[]);
-    let url = spawn(proxy.router()).await;
+    let url = pd::serve_app(proxy.router()).await;
     // 503 while the prefill instances are not found yet.
     let (code, v) = get_json(&format!("{url}/v1/models")).await;
     assert_eq!(code, 503, "{v}");
@@ -339,7 +326,7 @@ async fn proxy_models_is_the_decode_list_once_ready() {
     // A dead decode instance: the prefill instance's list.
     let dead = dead_url();
     let proxy = proxy_for(&p, &dead, &[]);
-    let url = spawn(proxy.router()).await;
+    let url = pd::serve_app(proxy.router()).await;
     proxy.discover().await.unwrap();
     let (code, list) = get_json(&format!("{url}/v1/models")).await;
     assert_eq!(code, 200, "{list}");
@@ -352,7 +339,7 @@ async fn proxy_models_502_names_every_backend() {
     // below has one, but its HTTP API has no /v1/models (a stand-in router
     // with /health only), and the decode URL is dead.
     let p = serve("kv_producer", "sim-prefill").await;
-    let health_only = spawn(Router::new().route("/health", get(|| async { "ok" }))).await;
+    let health_only = pd::serve_app(Router::new().route("/health", get(|| async { "ok" }))).await;
     let boot = p.engine.bootstrap_url().unwrap();
     let port = boot.rsplit(':').next().unwrap();
     let dead = dead_url();
@@ -361,7 +348,7 @@ async fn proxy_models_502_names_every_backend() {
         .map(|s| s.to_string())
         .collect();
     let proxy = Proxy::new(ProxyConfig::from_args(&args).unwrap());
-    let url = spawn(proxy.router()).await;
+    let url = pd::serve_app(proxy.router()).await;
     proxy.discover().await.unwrap();
     let t0 = Instant::now();
     let (code, v) = get_json(&format!("{url}/v1/models")).await;
@@ -381,7 +368,7 @@ async fn completions_only_proxy_has_no_health_or_models_and_still_serves() {
     let p = serve("kv_producer", "sim").await;
     let d = serve("kv_consumer", "sim").await;
     let proxy = proxy_for(&p, &d.url, &["--completions-only"]);
-    let url = spawn(proxy.router()).await;
+    let url = pd::serve_app(proxy.router()).await;
     for path in ["/health", "/v1/models"] {
         let r = http().get(format!("{url}{path}")).send().await.unwrap();
         assert_eq!(r.status(), 404, "{path}");
@@ -430,7 +417,7 @@ async fn readiness_from_models_without_health() {
     let p = serve("kv_producer", "sim").await;
     let d = serve("kv_consumer", "sim").await;
     let proxy = proxy_for(&p, &d.url, &[]);
-    let url = spawn(proxy.router()).await;
+    let url = pd::serve_app(proxy.router()).await;
     let discover = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
         proxy.discover().await.unwrap();
@@ -445,7 +432,7 @@ async fn readiness_from_models_without_health() {
     let _proxy = discover.await.unwrap();
 
     // A stand-in with /v1/models and no /health at all.
-    let models_only = spawn(Router::new().route(
+    let models_only = pd::serve_app(Router::new().route(
         "/v1/models",
         get(|| async { axum::Json(json!({"object": "list", "data": []})) }),
     ))
@@ -477,7 +464,7 @@ async fn readiness_gives_up_in_time_naming_the_url_and_the_probes() {
     // No /v1/models, and completions that keep failing (503): both named.
     let hits = Arc::new(AtomicUsize::new(0));
     let h = hits.clone();
-    let failing = spawn(Router::new().route(
+    let failing = pd::serve_app(Router::new().route(
         "/v1/completions",
         post(move |axum::Json(body): axum::Json<Value>| {
             let h = h.clone();
@@ -527,7 +514,7 @@ async fn readiness_gives_up_in_time_naming_the_url_and_the_probes() {
 async fn readiness_refuses_a_200_that_is_not_a_completion() {
     // vLLM's proxy answers 200 and then breaks the stream when a backend
     // fails; a 200 without a completion in it is not readiness.
-    let broken = spawn(Router::new().route("/v1/completions", post(|| async { "" }))).await;
+    let broken = pd::serve_app(Router::new().route("/v1/completions", post(|| async { "" }))).await;
     let err = wait_ready(&http(), &broken, "sim", Duration::from_millis(700))
         .await
         .unwrap_err();

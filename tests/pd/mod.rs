@@ -9,8 +9,10 @@ use mooncake_connector::connector::{
     Connector, ConnectorEnv, ConnectorOptions, ConnectorStats, Consumer, KvTransferConfig,
     Producer, ProducerEvent, PullOutcome, PullRequest, WorkerContext,
 };
+use mooncake_connector::sim::engine::{SimEngine, SimEngineConfig};
 use mooncake_connector::sim::kv_check::{fill_kv, verify_kv};
 use mooncake_connector::sim::model::ModelSpec;
+use mooncake_connector::sim::server::router;
 use tokio::sync::mpsc;
 
 pub fn env(abort_secs: u64) -> ConnectorEnv {
@@ -32,6 +34,28 @@ pub fn spec() -> ModelSpec {
         num_blocks: 64,
         ..ModelSpec::default()
     }
+}
+
+/// Serves `app` on a free port of 127.0.0.1; its URL.
+pub async fn serve_app(app: axum::Router) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    url
+}
+
+/// A simulated engine and the URL of its HTTP API.
+pub struct Served {
+    pub engine: Arc<SimEngine>,
+    pub url: String,
+}
+
+/// Starts a simulated engine with `cfg` and serves its HTTP API on a free
+/// port of 127.0.0.1.
+pub async fn serve_engine(cfg: SimEngineConfig) -> Served {
+    let engine = SimEngine::start(cfg).await.unwrap();
+    let url = serve_app(router(engine.clone())).await;
+    Served { engine, url }
 }
 
 /// The `kv_connector_extra_config` the helpers use unless told otherwise.
