@@ -146,6 +146,7 @@ proptest! {
     fn hostile_field_values_get_an_error_naming_the_field(
         tp_size in prop_oneof![Just(0u64), Just(1 << 34), Just(1 << 63), Just(u64::MAX), 1025u64..],
         port in prop_oneof![Just(0u64), 65536u64..],
+        pp_size in prop_oneof![Just(0u64), Just(65u64), Just(1 << 40), Just(u64::MAX), 65u64..],
         id in prop_oneof![Just(u64::MAX), Just(u64::MAX / 4096), (1u64 << 52)..],
     ) {
         let p = layout(1, 0);
@@ -153,6 +154,10 @@ proptest! {
         m.remote_tp_size = tp_size;
         let e = vet_pull(&p, NUM_BLOCKS, 1, &encode(&m)).err().expect("refused");
         prop_assert!(e.detail.contains("remote_tp_size"), "{}", e.detail);
+        let mut m = valid(vec![vec![1]]);
+        m.remote_pp_size = pp_size;
+        let e = vet_pull(&p, NUM_BLOCKS, 1, &encode(&m)).err().expect("refused");
+        prop_assert!(e.detail.contains("remote_pp_size"), "{}", e.detail);
         let mut m = valid(vec![vec![1]]);
         m.remote_port = port;
         let e = vet_pull(&p, NUM_BLOCKS, 1, &encode(&m)).err().expect("refused");

@@ -647,6 +647,12 @@ mod tests {
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].0, "full");
         assert_eq!((found[0].1.tp_size, found[0].1.pp_size), (2, 2));
+        // More PP stages than a pull may name (65) is not cached either.
+        let stages: Vec<String> = (0..65).map(|i| i.to_string()).collect();
+        let stages: Vec<&str> = stages.iter().map(String::as_str).collect();
+        assert!(engines_of(&table(&[("deep", &[("0", &stages)])]))
+            .unwrap()
+            .is_empty());
         // A rank that is not a number is a protocol error.
         let bad = table(&[("x", &[("zero", &["0"])])]);
         assert!(engines_of(&bad).is_err());
