@@ -261,6 +261,37 @@ int mc_engine_take_completions(transfer_engine_t engine, batch_id_t *ids, size_t
  * MC_STATUS_OK, or MC_STATUS_BATCH_BUSY / MC_STATUS_INVALID_ARGUMENT like
  * freeBatchID. Reusing a batch allocates nothing. */
 int mc_batch_reset(transfer_engine_t engine, batch_id_t batch_id);
+/* Block-list transfers. A KV transfer moves the same block ids in every
+ * layer's tensor; naming regions and ids once costs the caller and the
+ * engine per region and per id, where one request per block costs per
+ * region x id (131,072 requests for a 32k-token prompt of a 32-layer model
+ * with separate K and V tensors and 16-token blocks).
+ * Block k of a region is block_len bytes at local_base + k * local_stride
+ * here and at remote_base + k * remote_stride in the target segment. */
+typedef struct mc_block_region {
+    uint64_t local_base;    /* local address of block 0 */
+    uint64_t remote_base;   /* address of block 0 in the target segment */
+    uint64_t local_stride;  /* bytes from one local block to the next */
+    uint64_t remote_stride; /* bytes from one remote block to the next */
+    uint64_t block_len;     /* bytes moved per block */
+} mc_block_region_t;
+/* Submits, as ONE task of the batch, for every region r and every
+ * i < num_blocks: local block local_ids[i] of r and remote block
+ * remote_ids[i] of r (OPCODE_READ: remote -> local, OPCODE_WRITE: local ->
+ * remote). *task (may be NULL) = the task's index: its status turns
+ * COMPLETED when every piece has, FAILED when any failed (with that
+ * piece's reason); transferred bytes count every piece.
+ * Limits: 1 to 65,536 regions, at most 2^24 pieces (regions x ids); the
+ * destination ids distinct and, with more than one id, the destination
+ * stride at least block_len; every region's local blocks inside one
+ * registered buffer. Pieces run in any order. Returns MC_STATUS_* as
+ * submitTransfer, with a message naming the cause. Peer addresses are
+ * checked as requests' are; where the peer's GPU memory is mapped here
+ * (CUDA IPC) the whole list is one kernel launch. */
+int mc_submit_blocks(transfer_engine_t engine, batch_id_t batch_id, int opcode, segment_id_t target_id,
+                     const mc_block_region_t *regions, size_t num_regions, const uint64_t *local_ids,
+                     const uint64_t *remote_ids, size_t num_blocks, size_t *task);
+
 /* Statuses of the first `cap` tasks into `out`; *count = tasks submitted. */
 int mc_batch_status(transfer_engine_t engine, batch_id_t batch_id,
                     struct transfer_status *out, size_t cap, size_t *count);

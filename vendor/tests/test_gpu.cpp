@@ -394,6 +394,79 @@ TEST(gpu_two_engines_one_process_share_a_peer_mapping) {
     destroyTransferEngine(e[1]);
 }
 
+// Block lists through CUDA IPC: the first list finds the peer's allocation
+// unmapped and goes the per-request way (which maps it), the next ones are
+// one kernel launch each; both move every named block and nothing else, as
+// one task, with no TCP. A list reaching past the published buffer fails.
+TEST(gpu_block_lists_through_cuda_ipc) {
+    if (!gpu_lane("gpu_block_lists_through_cuda_ipc")) return;
+    const size_t max = 64u << 20, blk = 32768, per_region = 512, regions = 4;
+    GpuPeer peer(max, 0);
+    transfer_engine_t e = make_engine();
+    REQUIRE(e);
+    DeviceBuf mine(max, 0);
+    REQUIRE_EQ(registerLocalMemory(e, mine.ptr, max, "*", 1), 0);
+    segment_id_t seg = openSegment(e, peer.segment.c_str());
+    REQUIRE(seg > 0);
+    const size_t region_bytes = per_region * blk;
+    std::vector<mc_block_region_t> r;
+    for (size_t g = 0; g < regions; ++g)
+        r.push_back(mc_block_region_t{reinterpret_cast<uint64_t>(mine.at(g * region_bytes)), peer.remote + g * region_bytes,
+                                      blk, blk, blk});
+    std::vector<uint64_t> local, remote;  // every other block, reversed
+    for (size_t i = 0; i < per_region / 2; ++i) {
+        local.push_back(i);
+        remote.push_back(per_region - 1 - 2 * i);
+    }
+    auto run = [&](int op, const std::vector<mc_block_region_t> &rr) {
+        batch_id_t b = allocateBatchID(e, 1);
+        size_t task = 9;
+        int rc = mc_submit_blocks(e, b, op, seg, rr.data(), rr.size(), local.data(), remote.data(), local.size(), &task);
+        if (rc != 0) std::fprintf(stderr, "mc_submit_blocks: %s\n", mc_last_error_message());
+        CHECK_EQ(rc, 0);
+        CHECK_EQ(task, 0u);
+        CHECK_EQ(mc_batch_wait(e, b, 60000), 0);
+        transfer_status st{};
+        getTransferStatus(e, b, 0, &st);
+        freeBatchID(e, b);
+        return st;
+    };
+    auto expect = random_bytes(max, 4242);
+    for (int round = 0; round < 2; ++round) {
+        REQUIRE_EQ(mc_gpu_memset(0, mine.ptr, 0x11, max), 0);
+        auto st = run(OPCODE_READ, r);
+        CHECK_EQ(st.status, STATUS_COMPLETED);
+        CHECK_EQ(st.transferred_bytes, regions * local.size() * blk);
+        auto got = mine.download(0, regions * region_bytes);
+        bool ok = true;
+        for (size_t g = 0; g < regions; ++g)
+            for (size_t i = 0; i < per_region; ++i) {
+                const char *at = got.data() + g * region_bytes + i * blk;
+                if (i < local.size())
+                    ok = ok && std::memcmp(at, expect.data() + g * region_bytes + remote[i] * blk, blk) == 0;
+                else
+                    ok = ok && at[0] == 0x11 && at[blk - 1] == 0x11;
+            }
+        CHECK(ok);
+    }
+    // WRITE: our blocks into the peer's odd blocks, checked by the peer.
+    auto w = random_bytes(blk, 55);
+    for (size_t g = 0; g < regions; ++g)
+        for (size_t i = 0; i < local.size(); ++i) mine.upload(w, g * region_bytes + i * blk);
+    CHECK_EQ(run(OPCODE_WRITE, r).status, STATUS_COMPLETED);
+    for (size_t g = 0; g < regions; ++g) CHECK(peer.holds(g * region_bytes + remote[0] * blk, blk, 55));
+    mc_engine_counters_t c{};
+    mc_engine_get_counters(e, &c);
+    CHECK_EQ(c.ipc_copies, 3 * regions * local.size());
+    CHECK_EQ(c.tcp_requests_sent, 0u);
+    // Past the published buffer: the span is in no IPC buffer, so the pieces
+    // go the per-request way, where the owner refuses them.
+    auto past = r;
+    past[regions - 1].remote_base = peer.remote + max - blk;
+    CHECK_EQ(run(OPCODE_READ, past).status, STATUS_FAILED);
+    destroyTransferEngine(e);
+}
+
 // A hostile same-host peer publishes its real IPC handle with a forged
 // mc_cuda_ipc_offset: copying there would read or write whatever this
 // process has mapped past the peer's allocation. Each forged request fails

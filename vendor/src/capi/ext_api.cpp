@@ -298,6 +298,33 @@ int mc_batch_reset(transfer_engine_t engine, batch_id_t batch_id) {
     });
 }
 
+static_assert(sizeof(mc_block_region_t) == sizeof(BlockRegion) &&
+                  offsetof(mc_block_region_t, local_base) == offsetof(BlockRegion, local_base) &&
+                  offsetof(mc_block_region_t, remote_base) == offsetof(BlockRegion, remote_base) &&
+                  offsetof(mc_block_region_t, local_stride) == offsetof(BlockRegion, local_stride) &&
+                  offsetof(mc_block_region_t, remote_stride) == offsetof(BlockRegion, remote_stride) &&
+                  offsetof(mc_block_region_t, block_len) == offsetof(BlockRegion, block_len),
+              "mc_block_region_t and BlockRegion share one layout");
+
+int mc_submit_blocks(transfer_engine_t engine, batch_id_t batch_id, int opcode, segment_id_t target_id,
+                     const mc_block_region_t *regions, size_t num_regions, const uint64_t *local_ids,
+                     const uint64_t *remote_ids, size_t num_blocks, size_t *task) {
+    return guard_status("mc_submit_blocks", [&] {
+        TransferEngine *e = engine_of(engine, "mc_submit_blocks");
+        BlockList l;
+        l.opcode = opcode;
+        l.target_id = target_id;
+        l.regions = reinterpret_cast<const BlockRegion *>(regions);
+        l.num_regions = num_regions;
+        l.local_ids = local_ids;
+        l.remote_ids = remote_ids;
+        l.num_blocks = num_blocks;
+        size_t t = e->submit_blocks(batch_id, l);
+        if (task) *task = t;
+        return 0;
+    });
+}
+
 int mc_batch_status(transfer_engine_t engine, batch_id_t batch_id, struct transfer_status *out,
                     size_t cap, size_t *count) {
     return guard_errcode("mc_batch_status", [&] {
@@ -497,6 +524,12 @@ size_t mc_abi_describe(const mc_abi_field_t **fields) {
         MC_ABI_FIELD(nic_load_stat, inflight_bytes),
         MC_ABI_FIELD(nic_load_stat, ewma_bandwidth_bps),
         MC_ABI_STRUCT(segment_desc),
+        MC_ABI_STRUCT(mc_block_region),
+        MC_ABI_FIELD(mc_block_region, local_base),
+        MC_ABI_FIELD(mc_block_region, remote_base),
+        MC_ABI_FIELD(mc_block_region, local_stride),
+        MC_ABI_FIELD(mc_block_region, remote_stride),
+        MC_ABI_FIELD(mc_block_region, block_len),
         MC_ABI_STRUCT(mc_buffer_info),
         MC_ABI_FIELD(mc_buffer_info, addr),
         MC_ABI_FIELD(mc_buffer_info, length),

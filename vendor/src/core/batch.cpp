@@ -26,19 +26,34 @@ void Batch::finish_one() {
     }
 }
 
+void Batch::set_parts(size_t i, uint64_t parts) {
+    tasks_[i].parts_left.store(parts == 0 ? 1 : parts, std::memory_order_relaxed);
+}
+
 void Batch::complete(size_t i, uint64_t bytes) {
     Task &t = tasks_[i];
-    t.transferred.store(bytes, std::memory_order_relaxed);
-    t.status.store(kTaskCompleted, std::memory_order_release);
-    finish_one();
+    t.transferred.fetch_add(bytes, std::memory_order_relaxed);
+    // The last piece decides; its acquire sees every earlier piece's bytes
+    // and, after a failed piece, the error that piece wrote.
+    if (t.parts_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    settle(t);
 }
 
 void Batch::fail(size_t i, const std::string &why) {
     Task &t = tasks_[i];
-    t.error = why;
-    t.transferred.store(0, std::memory_order_relaxed);
-    t.status.store(kTaskFailed, std::memory_order_release);
-    failed_.fetch_add(1, std::memory_order_relaxed);
+    if (!t.part_failed.exchange(true, std::memory_order_acq_rel)) t.error = why;
+    if (t.parts_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    settle(t);
+}
+
+void Batch::settle(Task &t) {
+    if (t.part_failed.load(std::memory_order_acquire)) {
+        t.transferred.store(0, std::memory_order_relaxed);
+        t.status.store(kTaskFailed, std::memory_order_release);
+        failed_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+        t.status.store(kTaskCompleted, std::memory_order_release);
+    }
     finish_one();
 }
 
@@ -88,6 +103,8 @@ bool Batch::reset() {
         t.status.store(kTaskWaiting, std::memory_order_relaxed);
         t.transferred.store(0, std::memory_order_relaxed);
         t.observed.store(false, std::memory_order_relaxed);
+        t.parts_left.store(1, std::memory_order_relaxed);
+        t.part_failed.store(false, std::memory_order_relaxed);
         t.error.clear();
     }
     failed_.store(0, std::memory_order_relaxed);

@@ -34,11 +34,16 @@ inline bool is_terminal(int s) {
     return s == kTaskCompleted || s == kTaskFailed || s == kTaskTimeout || s == kTaskCanceled;
 }
 
+// A task is one request, or one block list (TransferEngine::submit_blocks)
+// made of many pieces: it turns terminal when its last piece finishes,
+// COMPLETED only when every piece completed.
 struct Task {
     std::atomic<int> status{kTaskWaiting};
     std::atomic<uint64_t> transferred{0};
     std::atomic<bool> observed{false};  // terminal status reported to the caller
-    std::string error;                  // set before status turns FAILED
+    std::atomic<uint64_t> parts_left{1};
+    std::atomic<bool> part_failed{false};  // the first failed piece wrote `error`
+    std::string error;                     // set before status turns FAILED
 };
 
 struct PendingNotify {
@@ -62,7 +67,10 @@ public:
     std::optional<size_t> reserve(size_t n);
     Task &task(size_t i) { return tasks_[i]; }
 
-    // Called exactly once per task by whoever finishes it.
+    // Makes task `i` (reserved, nothing dispatched yet) wait for `parts`
+    // pieces (>= 1) instead of one.
+    void set_parts(size_t i, uint64_t parts);
+    // Called exactly once per piece by whoever finishes it.
     void complete(size_t i, uint64_t bytes);
     void fail(size_t i, const std::string &why);
 
@@ -85,6 +93,7 @@ public:
 
 private:
     void finish_one();
+    void settle(Task &t);  // the task's last piece finished
 
     uint64_t id_;
     size_t capacity_;

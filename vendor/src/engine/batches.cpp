@@ -122,16 +122,7 @@ void TransferEngine::prepare_item(const Request &r, size_t i, std::vector<Target
                           where() + "range of " + std::to_string(r.length) + " bytes wraps around");
     bool known = r.target_id == kLocalSegment;
     for (const auto &t : targets) known = known || t.id == r.target_id;
-    if (!known) {
-        auto d = segments_.get(r.target_id);
-        if (!d)
-            throw StatusError(kStatusInvalidArgument, where() + "unknown segment id " +
-                                                          std::to_string(r.target_id) + " (open the segment first)");
-        auto rdma_now = d->protocol == "rdma" ? rdma() : nullptr;
-        PeerRoutes routes = peer_routes(*d, where(), rdma_now != nullptr);
-        if (!routes.rdma) rdma_now.reset();
-        targets.push_back(Target{r.target_id, std::move(d), routes, std::move(rdma_now)});
-    }
+    if (!known) targets.push_back(make_target(r.target_id, where()));
     // KV blocks come in runs from one registered cache: the previous
     // request's region usually holds this one too. Sharing skips the
     // registry, so a request may still pin a region whose unregister has
@@ -148,6 +139,17 @@ void TransferEngine::prepare_item(const Request &r, size_t i, std::vector<Target
     it.remote_addr = r.target_offset;
     it.length = r.length;
     it.local_pin = std::move(pin);
+}
+
+TransferEngine::Target TransferEngine::make_target(int32_t id, const std::string &where) const {
+    auto d = segments_.get(id);
+    if (!d)
+        throw StatusError(kStatusInvalidArgument,
+                          where + "unknown segment id " + std::to_string(id) + " (open the segment first)");
+    auto rdma_now = d->protocol == "rdma" ? rdma() : nullptr;
+    PeerRoutes routes = peer_routes(*d, where, rdma_now != nullptr);
+    if (!routes.rdma) rdma_now.reset();
+    return Target{id, std::move(d), routes, std::move(rdma_now)};
 }
 
 void TransferEngine::dispatch_by_target(const Request *reqs, std::vector<TransferItem> &items,

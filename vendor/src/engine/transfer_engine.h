@@ -118,6 +118,13 @@ public:
     void check_room(uint64_t batch_id, size_t n) const;
     void submit(uint64_t batch_id, const Request *reqs, size_t n,
                 const PendingNotify *notify);
+    // Submits a block list (core/request.h) as one task of the batch, whose
+    // status covers every piece; returns the task's index. Everything is
+    // checked first (StatusError naming the cause; the batch is untouched
+    // then): bounds, the destination ids distinct, each region's span of
+    // blocks on each side without wrap-around, and the local span inside one
+    // registered buffer. Peer addresses are checked where requests' are.
+    size_t submit_blocks(uint64_t batch_id, const BlockList &list);
     int task_status(uint64_t batch_id, size_t task, uint64_t *bytes);
     std::string task_error(uint64_t batch_id, size_t task);
     // Waits for every submitted task; returns true when all are terminal.
@@ -216,6 +223,9 @@ private:
         PeerRoutes routes;
         std::shared_ptr<rdma::RdmaTransport> rdma;  // set when routes.rdma
     };
+    // The opened segment `id` and its routes; throws StatusError (prefixed
+    // `where`) when it is unknown or unreachable.
+    Target make_target(int32_t id, const std::string &where) const;
     // What `d` offers this engine; throws StatusError (prefixed `where`)
     // when no installed transport reaches it.
     // `rdma_now`: the RDMA transport as this submit sees it (may be null).
@@ -233,6 +243,12 @@ private:
     void prepare_item(const Request &r, size_t i, std::vector<Target> &targets, struct TransferItem &it,
                       const RegionPin *prev);
     void dispatch(int32_t target, std::vector<struct TransferItem> &items, const std::vector<Target> &descs);
+    // The CUDA IPC fast path of submit_blocks (block_lists.cpp): true when
+    // the task was finished there, false (nothing done) when the pieces must
+    // go the per-request way.
+    bool try_ipc_blocks(const BlockList &l, const Target &t, const std::vector<RegionPin> &pins,
+                        const std::vector<uint64_t> &remote_lo, const std::vector<uint64_t> &remote_size,
+                        uint64_t remote_id_lo, Batch &batch, size_t task, uint64_t bytes);
     void dispatch_by_target(const Request *reqs, std::vector<struct TransferItem> &items,
                             std::vector<struct TransferItem> &group, const std::vector<Target> &targets);
 

@@ -10,6 +10,9 @@
 #if MC_WITH_CUDA
 
 #include <cstddef>
+#include <cstdint>
+
+#include "gpu/gpu.h"
 
 #include "gpu/cuda_api.h"
 
@@ -31,6 +34,18 @@ bool gather_eligible(const void *dst, const void *src, size_t n);
 // once); the caller then copies another way. Nothing waits.
 cudaError_t launch_gather(cudaStream_t stream, int device, void *const *dst, const void *const *src, const size_t *len,
                           size_t n);
+
+// Whether a block-list region may go through the block kernel: bases,
+// strides and length 16-byte aligned, the length at most kGatherMaxPiece.
+bool blocks_eligible(const BlockCopyRegion &r);
+
+// Queues every block of a block list (gpu.h: copy_blocks; every region
+// blocks_eligible, on `device`, pieces independent of each other) as one
+// kernel launch on `stream`. Host work is per region and per block id,
+// not per piece. cudaErrorNotSupported (nothing queued) when the kernel
+// cannot be loaded. Nothing waits.
+cudaError_t launch_blocks(cudaStream_t stream, int device, const BlockCopyRegion *regions, size_t num_regions,
+                          const uint64_t *dst_ids, const uint64_t *src_ids, size_t num_blocks);
 
 }  // namespace gpu
 }  // namespace mcrs

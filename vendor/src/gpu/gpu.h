@@ -69,6 +69,21 @@ struct CopyPiece {
 // previous one on both sides are merged into one copy. Throws Error (the
 // pieces' bytes are then unspecified).
 void copy_many(const CopyPiece *pieces, size_t count);
+// One region of a block-list copy: block k is `n` bytes at dst + k *
+// dst_stride and src + k * src_stride (64-bit wrapping arithmetic, so a
+// base may lie below the memory when the lowest id is above 0; callers
+// check that every block named lies inside memory they may touch).
+struct BlockCopyRegion {
+    uint64_t dst, src, dst_stride, src_stride, n;
+    int dst_device, src_device;  // -1 = host memory
+};
+// Copies block dst_ids[i] <- src_ids[i] of every region, for i < num_blocks.
+// Where every region lies on one GPU with 16-byte alignment, as one kernel
+// launch whose table is per region and per id (no per-piece host work);
+// otherwise piece by piece through copy_many. Pieces must not overlap each
+// other's destinations. Synchronous; throws Error.
+void copy_blocks(const BlockCopyRegion *regions, size_t num_regions, const uint64_t *dst_ids,
+                 const uint64_t *src_ids, size_t num_blocks);
 void memset_device(void *dst, int value, size_t n, int device);
 void *alloc_device(int device, size_t n);
 void free_device(void *ptr, int device);

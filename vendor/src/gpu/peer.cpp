@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "gpu/copy_batch.h"
 #include "gpu/cuda_api.h"
+#include "gpu/gather_kernel.h"
 #include "gpu/gpu.h"
 
 namespace mcrs {
@@ -201,12 +202,51 @@ void copy_many(const CopyPiece *p, size_t count) {
     }
 }
 
+void copy_blocks(const BlockCopyRegion *r, size_t nr, const uint64_t *dst_ids, const uint64_t *src_ids,
+                 size_t nb) {
+    if (nr == 0 || nb == 0) return;
+    require_usable("GPU copy");
+    const int device = r[0].dst_device;
+    bool kernel = device >= 0 && nr * nb > 1;
+    for (size_t i = 0; i < nr && kernel; ++i)
+        kernel = r[i].dst_device == device && r[i].src_device == device && blocks_eligible(r[i]);
+    cudaStream_t stream = kernel ? batch_stream(device) : nullptr;
+    if (stream) {
+        cudaError_t e = launch_blocks(stream, device, r, nr, dst_ids, src_ids, nb);
+        if (e != cudaErrorNotSupported) {
+            cudaError_t s = cudaStreamSynchronize(stream);  // also after a failed launch
+            if (e == cudaSuccess) e = s;
+            if (e != cudaSuccess) {
+                cudaGetLastError();
+                throw Error(kErrContext, "GPU block-list copy (" + std::to_string(nr) + " regions x " +
+                                             std::to_string(nb) + " blocks) failed: " + cudaGetErrorString(e));
+            }
+            return;
+        }
+    }
+    // Mixed devices, host memory, unaligned blocks or no kernel: piece by
+    // piece, batched.
+    thread_local std::vector<CopyPiece> pieces;
+    pieces.clear();
+    pieces.reserve(nr * nb);
+    for (size_t i = 0; i < nr; ++i)
+        for (size_t k = 0; k < nb; ++k)
+            pieces.push_back(CopyPiece{reinterpret_cast<void *>(r[i].dst + dst_ids[k] * r[i].dst_stride),
+                                       r[i].dst_device,
+                                       reinterpret_cast<const void *>(r[i].src + src_ids[k] * r[i].src_stride),
+                                       r[i].src_device, static_cast<size_t>(r[i].n)});
+    copy_many(pieces.data(), pieces.size());
+}
+
 #else  // CPU build
 
 PeerPath peer_path(int from, int to) { return from == to ? PeerPath::SameDevice : PeerPath::Staged; }
 void copy_between(void *dst, int, const void *src, int, size_t n) { copy(dst, src, n); }
 void copy_many(const CopyPiece *, size_t count) {
     if (count) require_usable("GPU copy");
+}
+void copy_blocks(const BlockCopyRegion *, size_t nr, const uint64_t *, const uint64_t *, size_t nb) {
+    if (nr && nb) require_usable("GPU copy");
 }
 
 #endif

@@ -89,6 +89,69 @@ void IpcTransport::submit(const std::shared_ptr<const SegmentDesc> &desc, std::v
     copy_batch(items, buffers, now, maps);
 }
 
+bool IpcTransport::submit_blocks(const BlockJob &job) {
+    const BlockList &l = job.list;
+    std::vector<gpu::IpcMapping> maps(l.num_regions);
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        if (stopping_) return false;
+        const BufferDesc *last = nullptr;
+        const gpu::IpcMapping *last_map = nullptr;
+        for (size_t r = 0; r < l.num_regions; ++r) {
+            if (job.buffers[r] != last) {
+                last = job.buffers[r];
+                auto m = mappings_.find(last->cuda_ipc);
+                if (m == mappings_.end()) return false;  // the per-request path maps it
+                last_map = &m->second;
+            }
+            maps[r] = *last_map;
+        }
+        ++inline_copies_;
+    }
+    struct Done {  // stop() waits for inline copies
+        IpcTransport *t;
+        ~Done() {
+            std::lock_guard<std::mutex> g(t->mu_);
+            if (--t->inline_copies_ == 0 && t->stopping_) t->drained_cv_.notify_all();
+        }
+    } done{this};
+    const bool write = l.opcode == kOpWrite;
+    std::vector<gpu::BlockCopyRegion> regions(l.num_regions);
+    for (size_t r = 0; r < l.num_regions; ++r) {
+        const BlockRegion &g = l.regions[r];
+        const BufferDesc &b = *job.buffers[r];
+        uint64_t offset = 0;
+        if (!ipc_offset_in_mapping(b, maps[r].size, job.remote_lo[r], job.remote_size[r], offset)) {
+            job.batch.fail(job.task, "the peer's CUDA IPC descriptor places its buffer (mc_cuda_ipc_offset " +
+                                         std::to_string(b.cuda_ipc_offset) + ", " + std::to_string(b.length) +
+                                         " bytes) outside the allocation it maps (" + std::to_string(maps[r].size) +
+                                         " bytes)");
+            return true;
+        }
+        // Block 0 of the region in this process's mapping: the span starts
+        // at the lowest remote id (64-bit wrapping, as the kernel computes).
+        const uint64_t span = reinterpret_cast<uint64_t>(maps[r].base) + offset;
+        const uint64_t remote0 = span - job.remote_id_lo * g.remote_stride;
+        const int local = job.local_devices[r];
+        if (write)
+            regions[r] = gpu::BlockCopyRegion{remote0, g.local_base, g.remote_stride, g.local_stride, g.block_len,
+                                              maps[r].device, local};
+        else
+            regions[r] = gpu::BlockCopyRegion{g.local_base, remote0, g.local_stride, g.remote_stride, g.block_len,
+                                              local, maps[r].device};
+    }
+    try {
+        gpu::copy_blocks(regions.data(), regions.size(), write ? l.remote_ids : l.local_ids,
+                         write ? l.local_ids : l.remote_ids, l.num_blocks);
+    } catch (const Error &e) {
+        job.batch.fail(job.task, std::string("same-host GPU block-list copy failed: ") + e.what());
+        return true;
+    }
+    copies_.fetch_add(l.num_regions * l.num_blocks, std::memory_order_relaxed);
+    job.batch.complete(job.task, job.bytes);
+    return true;
+}
+
 bool IpcTransport::map(const BufferDesc &b, gpu::IpcMapping &out, std::string &err) {
     {
         std::lock_guard<std::mutex> g(mu_);

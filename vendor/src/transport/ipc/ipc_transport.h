@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/request.h"
 #include "core/segment_descriptor.h"
 #include "gpu/gpu.h"
 #include "transport/transport.h"
@@ -52,6 +53,22 @@ public:
     // (kept alive here while any of them waits for its mapping).
     void submit(const std::shared_ptr<const SegmentDesc> &desc, std::vector<TransferItem> &items,
                 const std::vector<const BufferDesc *> &buffers, Fallback fallback);
+    // A block list (core/request.h) whose regions' remote spans lie in the
+    // published buffers `buffers` (checked by the engine), as one task.
+    struct BlockJob {
+        const BlockList &list;
+        const std::vector<const BufferDesc *> &buffers;
+        const std::vector<uint64_t> &remote_lo, &remote_size;  // per region
+        uint64_t remote_id_lo;                                 // lowest remote id
+        std::vector<int> local_devices;                        // per region, -1 = host
+        Batch &batch;
+        size_t task;
+        uint64_t bytes;
+    };
+    // Copies `job` on this thread when every allocation it names is mapped
+    // already, and finishes its task (completed or failed): true. False, with
+    // nothing done, when a mapping is missing or the transport stops.
+    bool submit_blocks(const BlockJob &job);
     void stop();
     uint64_t copies() const { return copies_.load(std::memory_order_relaxed); }
 
