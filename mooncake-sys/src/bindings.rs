@@ -18,6 +18,7 @@ pub type mc_log_sink_fn = ::core::option::Option<
     ),
 >;
 pub type mc_buffer_info_t = mc_buffer_info;
+pub type mc_block_region_t = mc_block_region;
 pub type mc_engine_counters_t = mc_engine_counters;
 pub type mc_engine_limit_counters_t = mc_engine_limit_counters;
 pub type mc_engine_batch_counters_t = mc_engine_batch_counters;
@@ -137,6 +138,15 @@ pub struct mc_env_overrides {
 pub struct mc_buffer_info {
     pub addr: u64,
     pub length: u64,
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct mc_block_region {
+    pub local_base: u64,
+    pub remote_base: u64,
+    pub local_stride: u64,
+    pub remote_stride: u64,
+    pub block_len: u64,
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
@@ -450,6 +460,21 @@ const _: () = {
         [::core::mem::offset_of!(mc_buffer_info, addr) - 0usize];
     ["Offset of field: mc_buffer_info::length"]
         [::core::mem::offset_of!(mc_buffer_info, length) - 8usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of mc_block_region"][::core::mem::size_of::<mc_block_region>() - 40usize];
+    ["Alignment of mc_block_region"][::core::mem::align_of::<mc_block_region>() - 8usize];
+    ["Offset of field: mc_block_region::local_base"]
+        [::core::mem::offset_of!(mc_block_region, local_base) - 0usize];
+    ["Offset of field: mc_block_region::remote_base"]
+        [::core::mem::offset_of!(mc_block_region, remote_base) - 8usize];
+    ["Offset of field: mc_block_region::local_stride"]
+        [::core::mem::offset_of!(mc_block_region, local_stride) - 16usize];
+    ["Offset of field: mc_block_region::remote_stride"]
+        [::core::mem::offset_of!(mc_block_region, remote_stride) - 24usize];
+    ["Offset of field: mc_block_region::block_len"]
+        [::core::mem::offset_of!(mc_block_region, block_len) - 32usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -835,6 +860,18 @@ unsafe extern "C" {
         overflowed: *mut ::core::ffi::c_int,
     ) -> ::core::ffi::c_int;
     pub fn mc_batch_reset(engine: transfer_engine_t, batch_id: u64) -> ::core::ffi::c_int;
+    pub fn mc_submit_blocks(
+        engine: transfer_engine_t,
+        batch_id: u64,
+        opcode: ::core::ffi::c_int,
+        target_id: i32,
+        regions: *const mc_block_region_t,
+        num_regions: usize,
+        local_ids: *const u64,
+        remote_ids: *const u64,
+        num_blocks: usize,
+        task: *mut usize,
+    ) -> ::core::ffi::c_int;
     pub fn mc_batch_status(
         engine: transfer_engine_t,
         batch_id: u64,

@@ -11,6 +11,7 @@ use std::time::Duration;
 use mooncake_sys as sys;
 
 use crate::batch::{checked_request, outcome, Opcode, Statuses};
+use crate::blocks::BlockRegion;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ffi::RequestBuf;
 use crate::memory::LocalMemory;
@@ -175,6 +176,69 @@ impl AsyncBatch {
         }
         self.queued.0.push(request);
         Ok(())
+    }
+
+    /// Submits a block list as one task, as
+    /// [`Batch::submit_blocks`](crate::Batch::submit_blocks) does (queued
+    /// requests go first), and returns the task's index; the batch keeps a
+    /// clone of `local`. The transfers start now: await [`run`](Self::run)
+    /// for their outcome.
+    pub fn submit_blocks<L: LocalMemory + Send + Sync + 'static>(
+        &mut self,
+        op: Opcode,
+        local: &Arc<L>,
+        segment: &RemoteSegment,
+        regions: &[BlockRegion],
+        local_ids: &[u64],
+        remote_ids: &[u64],
+    ) -> Result<usize> {
+        if !Arc::ptr_eq(&segment.engine, &self.engine) {
+            return Err(Error::InvalidArgument(format!(
+                "segment {} was opened by another engine",
+                segment.name()
+            )));
+        }
+        let engine_regions = crate::blocks::engine_regions(
+            &self.engine.raw,
+            &**local,
+            regions,
+            local_ids,
+            remote_ids,
+        )?;
+        if self.submitted + self.queued.0.len() >= self.capacity {
+            return Err(Error::Engine {
+                code: ErrorCode::TooManyRequests,
+                message: format!("the batch is full ({} requests)", self.capacity),
+            });
+        }
+        self.submit()?;
+        if crate::memory::needs_prepare(&**local) {
+            crate::memory::prepare(&**local)?;
+        }
+        let opcode = match op {
+            Opcode::Read => sys::OPCODE_READ as i32,
+            Opcode::Write => sys::OPCODE_WRITE as i32,
+        };
+        let task = self.engine.raw.submit_blocks(
+            self.id,
+            opcode,
+            segment.id,
+            &engine_regions,
+            local_ids,
+            remote_ids,
+        )?;
+        let ptr = Arc::as_ptr(local) as *const ();
+        if !self
+            .keep
+            .iter()
+            .any(|k| std::ptr::eq(Arc::as_ptr(k) as *const (), ptr))
+        {
+            self.keep.push(local.clone());
+        }
+        self.submitted += 1;
+        self.in_flight = true;
+        self.fresh = false;
+        Ok(task)
     }
 
     /// Submits the queued requests and returns a future that resolves once

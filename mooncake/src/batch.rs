@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use mooncake_sys as sys;
 
+use crate::blocks::BlockRegion;
 use crate::error::{Error, Result};
 use crate::ffi::{OwnedCString, RequestBuf};
 use crate::memory::LocalMemory;
@@ -291,6 +292,98 @@ impl<'r> Batch<'r> {
         self.fresh = false;
         self.queued.0.clear();
         Ok(())
+    }
+
+    /// Submits a block list as one task of this batch and returns the
+    /// task's index: for every region and every `i`, local block
+    /// `local_ids[i]` and remote block `remote_ids[i]` of that region
+    /// ([`Opcode::Read`]: remote → local, [`Opcode::Write`]: local → remote).
+    /// Requests queued before are submitted first, so task indices follow
+    /// call order.
+    ///
+    /// A KV transfer names the same blocks in every layer: one list costs the
+    /// engine per region and per id, where one request per block costs per
+    /// region × id. Where the peer's GPU memory is mapped into this process
+    /// (CUDA IPC), the whole list is one kernel launch.
+    ///
+    /// The task completes when every piece has; it fails with the first
+    /// failed piece's reason, and its transferred bytes count every piece.
+    /// Refused with the cause, the batch untouched: id lists of different
+    /// lengths or empty, destination ids repeated, a destination stride
+    /// shorter than `block_len`, a region's local blocks outside `local`,
+    /// more than 65,536 regions or 2^24 pieces. Pieces run in any order.
+    ///
+    /// ```
+    /// use mooncake::{Access, BlockRegion, Engine, Opcode, TaskStatus};
+    ///
+    /// # fn main() -> mooncake::Result<()> {
+    /// let target = Engine::builder().local_host("127.0.0.1").build()?;
+    /// let initiator = Engine::builder().local_host("127.0.0.1").build()?;
+    /// // Two "layers" of 8 blocks of 1 KiB on each side.
+    /// let remote_kv: Vec<u8> = (0..16 * 1024).map(|i| (i / 1024) as u8).collect();
+    /// let _published = target.register(remote_kv, "*", Access::RemoteAccessible)?;
+    /// let local = initiator.register(vec![0u8; 16 * 1024], "*", Access::LocalOnly)?;
+    /// let peer = initiator.open_segment(target.segment_name())?;
+    /// let remote = peer.buffers()?[0].addr;
+    /// let layers = [
+    ///     BlockRegion::packed(0, remote, 1024),
+    ///     BlockRegion::packed(8 * 1024, remote + 8 * 1024, 1024),
+    /// ];
+    /// let mut batch = initiator.batch(1)?;
+    /// // Remote blocks 5 and 2 of both layers into local blocks 0 and 1.
+    /// let task = batch.submit_blocks(Opcode::Read, &local, &peer, &layers, &[0, 1], &[5, 2])?;
+    /// batch.wait(None)?;
+    /// assert_eq!(batch.status(task)?, TaskStatus::Completed);
+    /// assert_eq!(batch.transferred_bytes(task)?, 4 * 1024);
+    /// drop(batch);
+    /// let got = local.to_vec();
+    /// assert_eq!((got[0], got[1024], got[8 * 1024], got[9 * 1024]), (5, 2, 13, 10));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn submit_blocks<L: LocalMemory>(
+        &mut self,
+        op: Opcode,
+        local: &'r L,
+        segment: &RemoteSegment,
+        regions: &[BlockRegion],
+        local_ids: &[u64],
+        remote_ids: &[u64],
+    ) -> Result<usize> {
+        if !Arc::ptr_eq(&segment.engine, &self.engine) {
+            return Err(Error::InvalidArgument(format!(
+                "segment {} was opened by another engine",
+                segment.name()
+            )));
+        }
+        let engine_regions =
+            crate::blocks::engine_regions(&self.engine.raw, local, regions, local_ids, remote_ids)?;
+        if self.submitted + self.queued.0.len() >= self.capacity {
+            return Err(Error::Engine {
+                code: crate::ErrorCode::TooManyRequests,
+                message: format!("the batch is full ({} requests)", self.capacity),
+            });
+        }
+        self.submit_inner(None)?;
+        if crate::memory::needs_prepare(local) {
+            crate::memory::prepare(local)?;
+        }
+        let opcode = match op {
+            Opcode::Read => sys::OPCODE_READ as i32,
+            Opcode::Write => sys::OPCODE_WRITE as i32,
+        };
+        let task = self.engine.raw.submit_blocks(
+            self.id,
+            opcode,
+            segment.id,
+            &engine_regions,
+            local_ids,
+            remote_ids,
+        )?;
+        self.submitted += 1;
+        self.settled = false;
+        self.fresh = false;
+        Ok(task)
     }
 
     /// Empties the batch for another round of requests: same capacity, no

@@ -144,6 +144,7 @@ compile_error!(
 #[cfg(feature = "async")]
 mod async_batch;
 mod batch;
+mod blocks;
 mod config;
 mod engine;
 mod error;
@@ -166,6 +167,7 @@ mod shared;
 #[cfg(feature = "async")]
 pub use async_batch::{AsyncBatch, Completion};
 pub use batch::{Batch, Opcode, Statuses, TaskStatus};
+pub use blocks::BlockRegion;
 pub use config::{EngineBuilder, GpuRegistration, Metadata, Protocol, TcpVersion};
 pub use engine::{Engine, EngineCounters};
 pub use error::{Error, ErrorCode, Result};

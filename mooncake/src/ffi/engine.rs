@@ -353,6 +353,49 @@ impl RawEngine {
     /// whose local range is not inside a registered region, and pins that
     /// region until the request is finished, so the memory cannot be
     /// unregistered (and therefore not freed) while the engine touches it.
+    /// Submits a block list as one task; returns the task's index.
+    pub(crate) fn submit_blocks(
+        &self,
+        batch: u64,
+        opcode: i32,
+        target: i32,
+        regions: &[sys::mc_block_region_t],
+        local_ids: &[u64],
+        remote_ids: &[u64],
+    ) -> Result<usize> {
+        if local_ids.len() != remote_ids.len() {
+            return Err(crate::Error::InvalidArgument(
+                "block list: id lists of different lengths".into(),
+            ));
+        }
+        let mut task = 0usize;
+        // SAFETY: the three arrays are valid for the lengths passed (the id
+        // lists have one length, checked above) for the call's duration and
+        // the engine copies what it needs; `task` is a live out-parameter.
+        // The addresses inside the regions are range-checked by the engine
+        // against this engine's registrations (local) and the peer's
+        // published buffers (remote).
+        let rc = unsafe {
+            sys::mc_submit_blocks(
+                self.handle(),
+                batch,
+                opcode,
+                target,
+                regions.as_ptr(),
+                regions.len(),
+                local_ids.as_ptr(),
+                remote_ids.as_ptr(),
+                local_ids.len(),
+                &mut task,
+            )
+        };
+        if rc == 0 {
+            Ok(task)
+        } else {
+            Err(last_status_error(rc))
+        }
+    }
+
     pub(crate) fn submit(
         &self,
         batch: u64,
