@@ -2,10 +2,14 @@
 //! in GPU memory (GPU 0 of each process).
 //!
 //! The connector registers host memory, so this mode drives the engine
-//! directly with the descriptors the connector plans
-//! ([`plan_descriptors`]): the prefill child (one engine per TP rank)
-//! WRITEs its blocks into the decode cache of this process, one batch per
-//! rank and request, the ranks concurrently, as the producer does. The time
+//! directly with what the connector plans: the prefill child (one engine
+//! per TP rank) WRITEs its blocks into the decode cache of this process,
+//! one batch per rank and request, the ranks concurrently, as the producer
+//! does. A rank sends its block lists ([`plan_block_lists`], one
+//! `Batch::submit_blocks` per KV-cache group) when they are fewer engine
+//! calls than its descriptors ([`plan_descriptors`], one request per merged
+//! run): scattered blocks go as lists, contiguous ones as one request per
+//! region. `--per-request` always sends descriptors. The time
 //! is the median, over `--runs`, of the child's wall time from the first
 //! queued descriptor to the last rank's completed batch (no ZMQ round trip,
 //! unlike the host mode). Paths: `gpu-tcp` (CUDA IPC off on both engines:
@@ -18,9 +22,11 @@ use std::io::{BufRead, Write};
 use std::time::Instant;
 
 use mooncake::gpu::{self, DeviceBuffer};
-use mooncake::{Access, Engine, Registration, RemoteSegment};
-use mooncake_connector::connector::regions::Descriptor;
-use mooncake_connector::sim::kv_layouts::{all_layouts, plan_descriptors, BenchLayout};
+use mooncake::{Access, BlockRegion, Engine, Opcode, Registration, RemoteSegment};
+use mooncake_connector::connector::regions::{BlockList, Descriptor};
+use mooncake_connector::sim::kv_layouts::{
+    all_layouts, plan_block_lists, plan_descriptors, BenchLayout,
+};
 
 use crate::host::{case_blocks, pattern_name, sample_indices, sampled_blocks, DecodeCache, Sizes};
 use crate::prefill::PrefillProc;
@@ -123,6 +129,11 @@ fn run_path(opts: &Opts, layout: &BenchLayout, sizes: &Sizes, path: BenchPath) {
             &sizes.d_blocks.to_string(),
             decode.segment_name(),
             path.gpu_name(),
+            if opts.per_request {
+                "per-request"
+            } else {
+                "lists"
+            },
         ],
         None,
     );
@@ -194,13 +205,15 @@ fn run_case(
 }
 
 /// The prefill side of `--gpu`: `--gpu-prefill-child <layout> <prefill
-/// blocks> <decode blocks> <decode segment> <path>`. Fills one GPU cache per TP rank, answers `READY`, then serves
-/// `PUSH <tokens> <scattered 0|1>` lines with `DONE <descriptors> <bytes>
+/// blocks> <decode blocks> <decode segment> <path> <lists|per-request>`.
+/// Fills one GPU cache per TP rank, answers `READY`, then serves `PUSH
+/// <tokens> <scattered 0|1>` lines with `DONE <descriptors> <bytes>
 /// <microseconds> <tcp requests> <ipc copies>`. Exits at end of input.
 pub(crate) fn prefill_child(args: &[String]) {
-    let [name, p_blocks, d_blocks, segment, path] = args else {
-        fail("--gpu-prefill-child needs <layout> <prefill blocks> <decode blocks> <segment> <path>")
+    let [name, p_blocks, d_blocks, segment, path, mode] = args else {
+        fail("--gpu-prefill-child needs <layout> <prefill blocks> <decode blocks> <segment> <path> <mode>")
     };
+    let lists_allowed = mode == "lists";
     let layout = all_layouts()
         .into_iter()
         .find(|l| l.name == name.as_str())
@@ -210,7 +223,7 @@ pub(crate) fn prefill_child(args: &[String]) {
             .unwrap_or_else(|_| fail(format!("bad number {v:?}")))
     };
     let (p_blocks, d_blocks) = (parse(p_blocks), parse(d_blocks));
-    let path = if path == "gpu-ipc" {
+    let path = if path.as_str() == "gpu-ipc" {
         BenchPath::SameHost
     } else {
         BenchPath::Tcp
@@ -234,12 +247,25 @@ pub(crate) fn prefill_child(args: &[String]) {
         let (src, dst) = case_blocks(&layout, parse(tokens) as usize, *scattered == "1");
         let plan = plan_descriptors(&layout, p_blocks, d_blocks, &src, &dst)
             .unwrap_or_else(|e| fail(format!("planning: {e}")));
+        let lists = plan_block_lists(&layout, p_blocks, d_blocks, &src, &dst)
+            .unwrap_or_else(|e| fail(format!("planning: {e}")));
+        // Lists when they are fewer engine calls' worth of regions than the
+        // descriptors (one per merged run) are requests.
+        let use_lists = lists_allowed
+            && plan
+                .iter()
+                .zip(&lists)
+                .all(|(d, l)| l.iter().map(|x| x.regions.len()).sum::<usize>() < d.len());
         let before: Vec<_> = ranks
             .iter()
             .map(|(e, _, _)| e.counters().unwrap_or_else(|e| fail(e)))
             .collect();
         let t0 = Instant::now();
-        push(&ranks, &plan, base);
+        if use_lists {
+            push_lists(&ranks, &lists, base);
+        } else {
+            push(&ranks, &plan, base);
+        }
         let micros = t0.elapsed().as_micros();
         let (mut tcp, mut ipc) = (0, 0);
         for ((e, _, _), b) in ranks.iter().zip(&before) {
@@ -310,6 +336,41 @@ fn push(
                 batch.submit().unwrap_or_else(|e| fail(e));
                 if let Err(e) = batch.wait(None) {
                     fail(format!("GPU KV batch failed: {e}"));
+                }
+            });
+        }
+    });
+}
+
+/// Like [`push`], with each rank's block lists: one `submit_blocks` per
+/// list (KV-cache group), one batch per rank, the ranks concurrently.
+fn push_lists(
+    ranks: &[(Engine, Registration<DeviceBuffer>, RemoteSegment)],
+    lists: &[Vec<BlockList>],
+    base: u64,
+) {
+    std::thread::scope(|s| {
+        for ((e, kv, seg), lists) in ranks.iter().zip(lists) {
+            s.spawn(move || {
+                let mut batch = e.batch(lists.len().max(1)).unwrap_or_else(|e| fail(e));
+                for l in lists {
+                    let regions: Vec<BlockRegion> = l
+                        .regions
+                        .iter()
+                        .map(|r| BlockRegion {
+                            local_offset: r.src,
+                            remote_addr: base + r.dst,
+                            local_stride: r.src_stride,
+                            remote_stride: r.dst_stride,
+                            block_len: r.len,
+                        })
+                        .collect();
+                    batch
+                        .submit_blocks(Opcode::Write, kv, seg, &regions, &l.src_ids, &l.dst_ids)
+                        .unwrap_or_else(|e| fail(format!("submitting a block list: {e}")));
+                }
+                if let Err(e) = batch.wait(None) {
+                    fail(format!("GPU KV block list failed: {e}"));
                 }
             });
         }

@@ -41,8 +41,11 @@
 //! - `--runs N` (default 5), `--verify-all`.
 //! - `--gpu`: both caches in GPU memory; paths `gpu-tcp` and `gpu-ipc`
 //!   (see `gpu.rs`: the engine is driven directly with the connector's
-//!   descriptor plans). Needs a CUDA build (`--features cuda12` or
-//!   `cuda13`) and a GPU; exits 2 and says why without one.
+//!   plans, as block lists where they take fewer engine calls than one
+//!   request per merged run, i.e. for scattered blocks). Needs a CUDA
+//!   build (`--features cuda12` or `cuda13`) and a GPU; exits 2 and says
+//!   why without one. `--per-request` sends one request per descriptor
+//!   instead, as before block lists (to compare in one run).
 //! - `--json`: one JSON object per case and line on stdout, with the keys
 //!   `layout`, `tokens`, `pattern`, `path`, `descriptors` (as the producer
 //!   counted them), `bytes`, `ms` (median), `gbps` (bytes/ms/1e6); nothing
@@ -111,6 +114,7 @@ struct Opts {
     dump: Option<PathBuf>,
     verify_all: bool,
     gpu: bool,
+    per_request: bool,
 }
 
 fn value<'a>(args: &'a [String], i: &mut usize, flag: &str) -> Result<&'a str, String> {
@@ -138,6 +142,7 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
         dump: None,
         verify_all: false,
         gpu: false,
+        per_request: false,
     };
     let mut max_tokens = usize::MAX;
     let mut i = 0;
@@ -176,6 +181,7 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
             "--json" => o.json = true,
             "--verify-all" => o.verify_all = true,
             "--gpu" => o.gpu = true,
+            "--per-request" => o.per_request = true,
             "--dump-descriptors" => o.dump = Some(PathBuf::from(value(args, &mut i, flag)?)),
             other => return Err(format!("unknown flag {other:?}")),
         }
@@ -184,6 +190,9 @@ fn parse_opts(args: &[String]) -> Result<Opts, String> {
     o.tokens.retain(|&t| t <= max_tokens);
     if o.tokens.is_empty() {
         return Err("no prompt size left (--tokens / --max-tokens)".into());
+    }
+    if o.per_request && !o.gpu {
+        return Err("--per-request applies to --gpu runs".into());
     }
     if o.gpu && o.dump.is_some() {
         return Err("--dump-descriptors describes host-mode runs; leave out --gpu".into());

@@ -8,8 +8,8 @@
 //! of rank `k`'s block is byte `k × len + j` of the TP-1 block, and a
 //! decoder can check what it received without knowing the prefill TP.
 use crate::connector::regions::{
-    align_regions, check_tp_sizes, request_descriptors, select_blocks, sender_plan, target_ranks,
-    Descriptor, KvLayout,
+    align_regions, check_tp_sizes, request_block_lists, request_descriptors, select_blocks,
+    sender_plan, target_ranks, BlockList, BlockPairs, CopyPlan, Descriptor, KvLayout,
 };
 use crate::connector::worker::KvCacheSpec;
 use crate::connector::ConnectorError;
@@ -210,6 +210,56 @@ pub fn plan_descriptors(
     p_blocks: &[u64],
     d_blocks: &[u64],
 ) -> Result<Vec<Vec<Descriptor>>, ConnectorError> {
+    plan_with(
+        layout,
+        p_num_blocks,
+        d_num_blocks,
+        p_blocks,
+        d_blocks,
+        request_descriptors,
+    )
+}
+
+/// The same transfer as [`plan_descriptors`], as block lists per prefill
+/// rank (one per KV-cache group): the regions and ids once, for
+/// `mooncake::Batch::submit_blocks`.
+pub fn plan_block_lists(
+    layout: &BenchLayout,
+    p_num_blocks: u64,
+    d_num_blocks: u64,
+    p_blocks: &[u64],
+    d_blocks: &[u64],
+) -> Result<Vec<Vec<BlockList>>, ConnectorError> {
+    plan_with(
+        layout,
+        p_num_blocks,
+        d_num_blocks,
+        p_blocks,
+        d_blocks,
+        request_block_lists,
+    )
+}
+
+/// What a request's plan is made into: descriptors or block lists.
+type Planner<T> = fn(
+    &KvLayout,
+    &KvLayout,
+    &[(usize, usize)],
+    &[CopyPlan],
+    &[BlockPairs],
+    &mut Vec<T>,
+) -> Result<(), ConnectorError>;
+
+/// Region pairing and byte plans per prefill rank, made as the producer
+/// makes them, handed to `plan` for the request's output.
+fn plan_with<T>(
+    layout: &BenchLayout,
+    p_num_blocks: u64,
+    d_num_blocks: u64,
+    p_blocks: &[u64],
+    d_blocks: &[u64],
+    plan: Planner<T>,
+) -> Result<Vec<Vec<T>>, ConnectorError> {
     let p_tp = layout.prefill_tp;
     let d_tp = 1;
     check_tp_sizes(p_tp, d_tp)?;
@@ -234,7 +284,7 @@ pub fn plan_descriptors(
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let blocks = select_blocks(&vec![p_blocks.to_vec()], &vec![d_blocks.to_vec()])?;
-            request_descriptors(&p_layout, &d_layout, &pairs, &plans, &blocks, &mut out)?;
+            plan(&p_layout, &d_layout, &pairs, &plans, &blocks, &mut out)?;
         }
         per_rank.push(out);
     }
@@ -247,6 +297,47 @@ mod tests {
 
     fn layout(name: &str) -> BenchLayout {
         all_layouts().into_iter().find(|l| l.name == name).unwrap()
+    }
+
+    /// Every piece of every block list lies inside one descriptor at the
+    /// same offset on both sides, and the lists move as many bytes as the
+    /// descriptors: the same transfer. Every layout, contiguous and
+    /// scattered.
+    #[test]
+    fn block_lists_name_the_same_bytes_as_descriptors() {
+        for l in all_layouts() {
+            let (p_num, d_num) = (64, 160);
+            let p_blocks: Vec<u64> = (0..40).collect();
+            let patterns: [Vec<u64>; 2] = [(0..40).collect(), (0..40).map(|b| 2 * b + 1).collect()];
+            for d_blocks in patterns {
+                let descs = plan_descriptors(&l, p_num, d_num, &p_blocks, &d_blocks).unwrap();
+                let lists = plan_block_lists(&l, p_num, d_num, &p_blocks, &d_blocks).unwrap();
+                assert_eq!(descs.len(), lists.len());
+                for (rank, (ds, ls)) in descs.iter().zip(&lists).enumerate() {
+                    let want: u64 = ds.iter().map(|d| d.len).sum();
+                    let got: u64 = ls.iter().map(BlockList::bytes).sum();
+                    assert_eq!(got, want, "{} rank {rank}", l.name);
+                    for list in ls {
+                        for r in &list.regions {
+                            for (s, t) in list.src_ids.iter().zip(&list.dst_ids) {
+                                let (src, dst) =
+                                    (r.src + s * r.src_stride, r.dst + t * r.dst_stride);
+                                let inside = ds.iter().any(|d| {
+                                    src >= d.src
+                                        && src + r.len <= d.src + d.len
+                                        && dst.wrapping_sub(d.dst) == src - d.src
+                                });
+                                assert!(
+                                    inside,
+                                    "{} rank {rank}: piece {src:#x} -> {dst:#x}",
+                                    l.name
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -17,6 +17,6 @@ pub use layout::{
     align_regions, align_stage_regions, check_tp_sizes, target_ranks, KvHeads, KvLayout, KvRegion,
 };
 pub use plan::{
-    contiguous_runs, pair_plan, request_descriptors, select_blocks, sender_plan, BlockPairs,
-    CopyPlan, Descriptor, HeadShare,
+    contiguous_runs, pair_plan, request_block_lists, request_descriptors, select_blocks,
+    sender_plan, BlockList, BlockPairs, BlockSpan, CopyPlan, Descriptor, HeadShare,
 };

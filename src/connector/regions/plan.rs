@@ -257,3 +257,109 @@ pub fn request_descriptors(
     }
     Ok(())
 }
+
+/// One region of a [`BlockList`]: block `k` is `len` bytes at `src + k *
+/// src_stride` on the producer and `dst + k * dst_stride` on the consumer
+/// (addresses as the layouts give them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockSpan {
+    /// Producer address of block 0 (the plan's offset inside a block included).
+    pub src: u64,
+    /// Consumer address of block 0 (offset included).
+    pub dst: u64,
+    /// Producer bytes from one block to the next.
+    pub src_stride: u64,
+    /// Consumer bytes from one block to the next.
+    pub dst_stride: u64,
+    /// Bytes per block.
+    pub len: u64,
+}
+
+/// A request's transfer for one KV-cache group as a block list: every
+/// region of the group moves the same block ids, so the engine takes the
+/// regions and the ids once (`mooncake::Batch::submit_blocks`) instead of
+/// one descriptor per region and block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockList {
+    /// The group's region pairs.
+    pub regions: Vec<BlockSpan>,
+    /// Producer block ids.
+    pub src_ids: Vec<u64>,
+    /// Consumer block ids, one per producer id.
+    pub dst_ids: Vec<u64>,
+}
+
+impl BlockList {
+    /// Pieces (regions × ids): the per-block descriptors the list stands for.
+    pub fn pieces(&self) -> usize {
+        self.regions.len() * self.src_ids.len()
+    }
+
+    /// Bytes the list moves.
+    pub fn bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.len).sum::<u64>() * self.src_ids.len() as u64
+    }
+}
+
+/// The same transfer as [`request_descriptors`], as one [`BlockList`] per
+/// group that moves blocks. Ids and addresses are checked as there: the
+/// highest id's block must not overflow on either side.
+pub fn request_block_lists(
+    p: &KvLayout,
+    d: &KvLayout,
+    pairs: &[(usize, usize)],
+    plans: &[CopyPlan],
+    blocks: &[BlockPairs],
+    out: &mut Vec<BlockList>,
+) -> Result<(), ConnectorError> {
+    let mut list_of_group: Vec<Option<usize>> = vec![None; blocks.len()];
+    for (&(pi, di), plan) in pairs.iter().zip(plans) {
+        let (pr, dr) = (&p.regions[pi], &d.regions[di]);
+        let group = usize::try_from(pr.group_index)
+            .ok()
+            .filter(|g| *g < blocks.len())
+            .ok_or_else(|| {
+                layout_err(format!(
+                    "region {:?} belongs to group {}, which the request does not have",
+                    pr.layer_name, pr.group_index
+                ))
+            })?;
+        let (src_ids, dst_ids) = &blocks[group];
+        if src_ids.is_empty() {
+            continue;
+        }
+        // The highest id on each side bounds every block's address.
+        let fits = |base: u64, ids: &[u64], stride: u64, off: u64| {
+            let hi = ids.iter().copied().max().unwrap_or(0);
+            hi.checked_mul(stride)
+                .and_then(|x| x.checked_add(base))
+                .and_then(|x| x.checked_add(off))
+                .and_then(|x| x.checked_add(plan.len))
+                .is_some()
+        };
+        if !fits(pr.base, src_ids, pr.block_len, plan.src_offset)
+            || !fits(dr.base, dst_ids, dr.block_len, plan.dst_offset)
+        {
+            return Err(layout_err(format!(
+                "a block of region {:?} is outside the address space",
+                pr.layer_name
+            )));
+        }
+        let at = *list_of_group[group].get_or_insert_with(|| {
+            out.push(BlockList {
+                regions: Vec::new(),
+                src_ids: src_ids.clone(),
+                dst_ids: dst_ids.clone(),
+            });
+            out.len() - 1
+        });
+        out[at].regions.push(BlockSpan {
+            src: pr.base + plan.src_offset,
+            dst: dr.base + plan.dst_offset,
+            src_stride: pr.block_len,
+            dst_stride: dr.block_len,
+            len: plan.len,
+        });
+    }
+    Ok(())
+}
