@@ -22,6 +22,9 @@
 //!   and over TCP; throughput in descriptors per second. It also prints the
 //!   memory a 128k batch costs per descriptor (resident-set growth of one
 //!   round in a fresh batch, Rust and engine sides together).
+//!   `local_block_list`: the same number of 64-byte pieces as one block
+//!   list (64 regions, ids reversed on one side) to the engine's own
+//!   segment, where the engine hands the pieces to its local copy loop.
 //!
 //! Measurement times are short (`cargo bench -p mooncake` takes a few
 //! minutes); `cargo test` runs each benchmark once.
@@ -31,7 +34,10 @@ use std::time::Duration;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use mooncake::{sys, Access, Batch, Engine, HostBuffer, Registration, RemoteSegment};
+use mooncake::{
+    sys, Access, Batch, BlockRegion, Engine, HostBuffer, Opcode, Registration, RemoteSegment,
+    TaskStatus,
+};
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -469,6 +475,41 @@ fn batch_descriptors(c: &mut Criterion) {
         });
         g.bench_with_input(BenchmarkId::new("tcp", n), &n, |b, &n| {
             b.iter(|| descriptor_round(&mut batch, &p.local, &p.seg, p.base, n))
+        });
+        // The same pieces as one block list: 64 regions of n / 64 blocks.
+        let per = (n / 64) as u64;
+        let list_mem = p
+            .init
+            .register(
+                HostBuffer::new(2 * n * 64).unwrap(),
+                "*",
+                Access::RemoteAccessible,
+            )
+            .unwrap();
+        let half = (n * 64) as u64;
+        let list_src = mooncake::LocalMemory::addr(&list_mem) + half;
+        let regions: Vec<BlockRegion> = (0..64)
+            .map(|r| BlockRegion::packed(r * per * 64, list_src + r * per * 64, 64))
+            .collect();
+        let ids: Vec<u64> = (0..per).collect();
+        let reversed: Vec<u64> = (0..per).rev().collect();
+        let mut list_batch = p.init.batch(1).unwrap();
+        g.bench_with_input(BenchmarkId::new("local_block_list", n), &n, |b, _| {
+            b.iter(|| {
+                let t = list_batch
+                    .submit_blocks(
+                        Opcode::Read,
+                        &list_mem,
+                        &local_seg,
+                        &regions,
+                        &ids,
+                        &reversed,
+                    )
+                    .unwrap();
+                list_batch.wait(None).unwrap();
+                assert_eq!(list_batch.status(t).unwrap(), TaskStatus::Completed);
+                list_batch.reset().unwrap();
+            })
         });
     }
     g.finish();

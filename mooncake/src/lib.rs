@@ -19,7 +19,9 @@
 //!    descriptor (the list of buffers it publishes).
 //! 4. **Batch**: queue READs (remote → local) and WRITEs (local → remote) in a
 //!    [`Batch`]; remote addresses are absolute addresses inside the peer's
-//!    buffers ([`RemoteSegment::buffers`]).
+//!    buffers ([`RemoteSegment::buffers`]). A KV transfer, the same block
+//!    ids in every layer's tensor, is one [`Batch::submit_blocks`] call with
+//!    one [`BlockRegion`] per tensor: one task, checked per region and id.
 //! 5. **Submit**, then **wait**: [`Batch::submit`] hands the requests over in
 //!    one call, [`Batch::wait`] returns when all of them finished, with the
 //!    first failure's reason if any failed.
