@@ -6,7 +6,7 @@ mod common;
 use common::{engine, pattern_byte, patterned};
 use std::sync::Arc;
 
-use mooncake::{Access, BlockRegion, Error, ErrorCode, LocalMemory, Opcode, TaskStatus};
+use mooncake::{Access, BlockRegion, Error, ErrorCode, Opcode, TaskStatus};
 
 const BLOCK: u64 = 2048;
 const BLOCKS: u64 = 32; // per region
