@@ -190,17 +190,18 @@ TEST(gpu_gather_kernel_loads_and_copies) {
 // take the piece-by-piece path, with the same check.
 TEST(gpu_block_kernel_copies_named_blocks) {
     if (!gpu_lane("gpu_block_kernel_copies_named_blocks")) return;
-    const size_t n = 16u << 20, blk = 32768;
+    const size_t n = 32u << 20, blk = 32768;
     DeviceBuf src(n), dst(n);
     auto data = pattern(n, 9);
     src.upload(data);
     for (size_t len : {blk, size_t{1000}}) {
         REQUIRE_EQ(mc_gpu_memset(0, dst.ptr, 0x5A, n), 0);
-        // Region 0: dst stride 2 blocks, src stride 1; region 1 4 MiB on.
+        // Region 0: dst stride 2 blocks, src stride 1 (dst ids up to 298:
+        // 19.1 MiB); region 1 from 20 MiB (dst) and 4 MiB (src) on.
         std::vector<mcrs::gpu::BlockCopyRegion> r = {
             {reinterpret_cast<uint64_t>(dst.at(0)), reinterpret_cast<uint64_t>(src.at(0)), 2 * blk, blk, len, 0, 0},
-            {reinterpret_cast<uint64_t>(dst.at(8u << 20)), reinterpret_cast<uint64_t>(src.at(4u << 20)), blk, blk, len,
-             0, 0}};
+            {reinterpret_cast<uint64_t>(dst.at(20u << 20)), reinterpret_cast<uint64_t>(src.at(4u << 20)), blk, blk,
+             len, 0, 0}};
         std::vector<uint64_t> dst_ids, src_ids;
         for (uint64_t i = 0; i < 100; ++i) {
             dst_ids.push_back(3 * i + 1);
