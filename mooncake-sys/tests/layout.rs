@@ -49,6 +49,15 @@ fn rust_layout() -> BTreeMap<(String, String), (usize, usize)> {
         ewma_bandwidth_bps
     );
     layout!(m, segment_desc);
+    layout!(
+        m,
+        mc_block_region,
+        local_base,
+        remote_base,
+        local_stride,
+        remote_stride,
+        block_len
+    );
     layout!(m, mc_buffer_info, addr, length);
     layout!(m, mc_abi_field, type_name, field_name, offset, size);
     layout!(
