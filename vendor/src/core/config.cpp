@@ -165,6 +165,10 @@ size_t gpu_stage_chunk_bytes_from_env(const EnvLookup &lookup) {
            << 10;
 }
 
+bool gpu_stage_kernel_from_env(const EnvLookup &lookup) {
+    return Env(lookup).integer("MC_GPU_STAGE_KERNEL", 1, 0, 1) == 1;
+}
+
 LogLevel log_level_from_env(const EnvLookup &lookup) {
     auto v = Env(lookup).str("MC_LOG_LEVEL");
     if (!v) return LogLevel::Warn;

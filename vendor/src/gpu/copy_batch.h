@@ -20,9 +20,10 @@ namespace gpu {
 // cudaMemcpyAsync each. Copies of one call may run in any order: callers
 // never pass copies that depend on each other (CopyBatch splits them).
 // Pointers are device or pinned host memory. With `gather_device` >= 0
-// (every pointer is device memory that GPU can address, `stream` is one of
-// its streams) small aligned pieces go as one gather-kernel launch instead
-// (gather_kernel.h). Reorders the arrays. Nothing waits.
+// (every pointer is memory that GPU can address at that address: its own
+// or a mapped peer's memory, or pinned host memory mapped into its address
+// space; `stream` is one of its streams) small aligned pieces go as one
+// gather-kernel launch instead (gather_kernel.h). Reorders the arrays. Nothing waits.
 cudaError_t enqueue_copies(cudaStream_t stream, void **dst, const void **src, size_t *len, size_t n,
                            int gather_device = -1);
 

@@ -1,4 +1,5 @@
 #include "common/log.h"
+#include "core/config.h"
 #include "gpu/copy_batch.h"
 #include "gpu/cuda_api.h"
 #include "gpu/gpu.h"
@@ -14,6 +15,10 @@ struct StageRing::Impl {
     cudaStream_t stream = nullptr;
     cudaEvent_t ev[2] = {nullptr, nullptr};
     CopyBatch batch;
+    // The GPU the gather kernel runs on for this ring's copies, or -1 (copy
+    // engines only): set when the pinned halves are mapped into the GPU's
+    // address space at the same address, as unified addressing does.
+    int gather = -1;
     std::string failed;      // why setting up failed (not retried)
     cudaError_t pending = cudaSuccess;  // a failed early flush, reported by issue()
 
@@ -27,6 +32,11 @@ struct StageRing::Impl {
 };
 
 namespace {
+bool kernel_wanted() {
+    static const bool v = gpu_stage_kernel_from_env();
+    return v;
+}
+
 bool failed(cudaError_t e, const char *what, std::string &err) {
     cudaGetLastError();
     err = std::string(what) + ": " + cudaGetErrorString(e);
@@ -60,6 +70,17 @@ bool StageRing::ready(int device, std::string &err) {
     im->buf = static_cast<char *>(p);
     for (int i = 0; i < 2 && e == cudaSuccess; ++i) e = cudaEventCreateWithFlags(&im->ev[i], cudaEventDisableTiming);
     im->batch.exempt(im->buf, 2 * kHalfBytes);
+    if (e == cudaSuccess && kernel_wanted()) {
+        // Small pieces between the halves and GPU memory then go as one
+        // kernel launch: a copy engine pays microseconds per copy, which a
+        // scattered KV transfer of 32 KiB blocks pays once per block.
+        cudaPointerAttributes a{};
+        if (cudaPointerGetAttributes(&a, im->buf) == cudaSuccess && a.type == cudaMemoryTypeHost &&
+            a.devicePointer == im->buf)
+            im->gather = device;
+        else
+            cudaGetLastError();
+    }
     impl_ = std::move(im);
     if (e == cudaSuccess) return true;
     // A ring that cannot be set up stays unusable: no retry per request.
@@ -76,7 +97,7 @@ void StageRing::queue(void *dst, const void *src, size_t n) {
     if (m.batch.add(dst, src, n)) return;
     // It depends on a gathered copy: queue those first (stream order).
     cudaSetDevice(m.device);
-    cudaError_t e = m.batch.flush(m.stream);
+    cudaError_t e = m.batch.flush(m.stream, m.gather);
     if (e != cudaSuccess && m.pending == cudaSuccess) m.pending = e;
     m.batch.add(dst, src, n);
 }
@@ -86,7 +107,7 @@ size_t StageRing::queued_bytes() const { return impl_ ? impl_->batch.bytes() : 0
 bool StageRing::issue(int h, std::string &err) {
     Impl &m = *impl_;
     cudaSetDevice(m.device);
-    cudaError_t e = m.batch.flush(m.stream);
+    cudaError_t e = m.batch.flush(m.stream, m.gather);
     if (m.pending != cudaSuccess) {
         e = m.pending;
         m.pending = cudaSuccess;
