@@ -308,10 +308,13 @@ impl<'r> Batch<'r> {
     ///
     /// The task completes when every piece has; it fails with the first
     /// failed piece's reason, and its transferred bytes count every piece.
-    /// Refused with the cause, the batch untouched: id lists of different
-    /// lengths or empty, destination ids repeated, a destination stride
-    /// shorter than `block_len`, a region's local blocks outside `local`,
-    /// more than 65,536 regions or 2^24 pieces. Pieces run in any order.
+    /// Refused with the cause: id lists of different lengths or empty,
+    /// destination ids repeated, a destination stride shorter than
+    /// `block_len`, a region's local blocks outside `local`, more than
+    /// 65,536 regions or 2^24 pieces. The checks made here (lengths,
+    /// local blocks, room) come before queued requests are submitted; a
+    /// list the engine refuses adds no task, but the queued requests have
+    /// gone. Pieces run in any order.
     ///
     /// ```
     /// use mooncake::{Access, BlockRegion, Engine, Opcode, TaskStatus};

@@ -95,8 +95,8 @@ pub(crate) fn engine_regions<L: LocalMemory + ?Sized>(
             }
             other => other,
         })?;
-        // Block 0's address; below the memory when the lowest id is above
-        // 0, which the engine's wrapping arithmetic expects.
+        // Block 0's address (`local_offset` into the memory): the span of
+        // the ids starts `lo` strides above it.
         let base = (first as u64).wrapping_sub(lo.wrapping_mul(r.local_stride));
         out.push(sys::mc_block_region_t {
             local_base: base,

@@ -347,13 +347,10 @@ impl RawEngine {
         }
     }
 
-    /// Submits requests whose `source` pointers lie in registered memory.
-    ///
-    /// This is safe to expose to safe code: the engine refuses any request
-    /// whose local range is not inside a registered region, and pins that
-    /// region until the request is finished, so the memory cannot be
-    /// unregistered (and therefore not freed) while the engine touches it.
-    /// Submits a block list as one task; returns the task's index.
+    /// Submits a block list as one task; returns the task's index. Safe to
+    /// expose for the same reason as [`submit`](Self::submit): the engine
+    /// refuses a list whose region's local blocks are not inside one
+    /// registered region, and pins it until the task is finished.
     pub(crate) fn submit_blocks(
         &self,
         batch: u64,
@@ -396,6 +393,12 @@ impl RawEngine {
         }
     }
 
+    /// Submits requests whose `source` pointers lie in registered memory.
+    ///
+    /// This is safe to expose to safe code: the engine refuses any request
+    /// whose local range is not inside a registered region, and pins that
+    /// region until the request is finished, so the memory cannot be
+    /// unregistered (and therefore not freed) while the engine touches it.
     pub(crate) fn submit(
         &self,
         batch: u64,

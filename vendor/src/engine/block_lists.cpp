@@ -61,18 +61,27 @@ StatusError invalid(const std::string &why) { return StatusError(kStatusInvalidA
 
 }  // namespace
 
-size_t TransferEngine::submit_blocks(uint64_t batch_id, const BlockList &l) {
+size_t TransferEngine::submit_blocks(uint64_t batch_id, const BlockList &in) {
     auto batch = batch_or_throw(batch_id);
-    if (l.opcode != kOpRead && l.opcode != kOpWrite)
-        throw invalid("opcode " + std::to_string(l.opcode) + " is neither READ nor WRITE");
-    if (l.num_regions == 0 || l.num_regions > kMaxBlockRegions)
-        throw invalid(std::to_string(l.num_regions) + " regions; 1 to " + std::to_string(kMaxBlockRegions) +
+    if (in.opcode != kOpRead && in.opcode != kOpWrite)
+        throw invalid("opcode " + std::to_string(in.opcode) + " is neither READ nor WRITE");
+    if (in.num_regions == 0 || in.num_regions > kMaxBlockRegions)
+        throw invalid(std::to_string(in.num_regions) + " regions; 1 to " + std::to_string(kMaxBlockRegions) +
                       " are allowed");
-    if (l.num_blocks == 0 || l.num_blocks > kMaxBlockPieces / l.num_regions)
-        throw invalid(std::to_string(l.num_regions) + " regions x " + std::to_string(l.num_blocks) +
+    if (in.num_blocks == 0 || in.num_blocks > kMaxBlockPieces / in.num_regions)
+        throw invalid(std::to_string(in.num_regions) + " regions x " + std::to_string(in.num_blocks) +
                       " block ids; 1 to " + std::to_string(kMaxBlockPieces) + " pieces are allowed");
-    if (!l.regions || !l.local_ids || !l.remote_ids) throw invalid("the region or id array is null");
+    if (!in.regions || !in.local_ids || !in.remote_ids) throw invalid("the region or id array is null");
     check_room(batch_id, 1);
+    // The engine's own copy of the caller's arrays: what is checked below
+    // is what runs, whatever the caller's memory does meanwhile.
+    const std::vector<BlockRegion> regions(in.regions, in.regions + in.num_regions);
+    const std::vector<uint64_t> local_ids(in.local_ids, in.local_ids + in.num_blocks);
+    const std::vector<uint64_t> remote_ids(in.remote_ids, in.remote_ids + in.num_blocks);
+    BlockList l = in;
+    l.regions = regions.data();
+    l.local_ids = local_ids.data();
+    l.remote_ids = remote_ids.data();
     const bool write = l.opcode == kOpWrite;
     const uint64_t *dst_ids = write ? l.remote_ids : l.local_ids;
     uint64_t repeated = 0;
@@ -122,14 +131,21 @@ size_t TransferEngine::submit_blocks(uint64_t batch_id, const BlockList &l) {
     const size_t task = *first;
     tasks_submitted_.fetch_add(1, std::memory_order_relaxed);
 
-    if (!targets.empty() && targets[0].routes.cuda_ipc && try_ipc_blocks(l, targets[0], pins, remote_lo, remote_size,
-                                                                          rid.lo, *batch, task, bytes))
+    // From here on the task exists: whatever goes wrong before its pieces
+    // are handed out (memory for them, the IPC path's tables) fails it with
+    // the reason, so that no caller waits for it forever.
+    std::vector<TransferItem> items;
+    try {
+        if (!targets.empty() && targets[0].routes.cuda_ipc &&
+            try_ipc_blocks(l, targets[0], pins, remote_lo, remote_size, rid.lo, *batch, task, bytes))
+            return task;
+        // Every other route: the pieces as transfer items, region by region.
+        items.resize(l.num_regions * l.num_blocks);
+    } catch (const std::exception &e) {
+        batch->fail(task, std::string("block list: ") + e.what());
         return task;
-
-    // Every other route: the pieces as transfer items, region by region.
-    const size_t pieces = l.num_regions * l.num_blocks;
-    batch->set_parts(task, pieces);
-    std::vector<TransferItem> items(pieces);
+    }
+    batch->set_parts(task, items.size());
     size_t k = 0;
     for (size_t r = 0; r < l.num_regions; ++r) {
         const BlockRegion &g = l.regions[r];
@@ -145,7 +161,7 @@ size_t TransferEngine::submit_blocks(uint64_t batch_id, const BlockList &l) {
         }
     }
     pins.clear();
-    dispatch(l.target_id, items, targets);
+    dispatch(l.target_id, items, targets);  // as submit() hands out requests
     return task;
 }
 

@@ -287,6 +287,9 @@ cudaError_t launch_blocks(cudaStream_t stream, int device, const BlockCopyRegion
     e = device_table(device, bytes, stream, table);
     if (e == cudaSuccess) e = cudaMemcpyAsync(table, host.data(), bytes, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return e;
+    // The upload has been copied out of `host`: a huge list's table does not
+    // stay with the thread.
+    if (host.capacity() > (size_t(16) << 20) / sizeof(uint64_t)) std::vector<uint64_t>().swap(host);
     uint64_t regions_arg = reinterpret_cast<uintptr_t>(table);
     uint64_t ids_arg = regions_arg + 5 * num_regions * sizeof(uint64_t);
     uint32_t nblocks_arg = static_cast<uint32_t>(num_blocks);

@@ -235,6 +235,11 @@ void copy_blocks(const BlockCopyRegion *r, size_t nr, const uint64_t *dst_ids, c
                                        r[i].dst_device,
                                        reinterpret_cast<const void *>(r[i].src + src_ids[k] * r[i].src_stride),
                                        r[i].src_device, static_cast<size_t>(r[i].n)});
+    struct Shrink {  // a huge list's pieces do not stay with the thread
+        ~Shrink() {
+            if (pieces.capacity() > (size_t(16) << 20) / sizeof(CopyPiece)) std::vector<CopyPiece>().swap(pieces);
+        }
+    } shrink;
     copy_many(pieces.data(), pieces.size());
 }
 

@@ -143,7 +143,7 @@ bool IpcTransport::submit_blocks(const BlockJob &job) {
     try {
         gpu::copy_blocks(regions.data(), regions.size(), write ? l.remote_ids : l.local_ids,
                          write ? l.local_ids : l.remote_ids, l.num_blocks);
-    } catch (const Error &e) {
+    } catch (const std::exception &e) {  // a CUDA error, or memory for the copy's tables
         job.batch.fail(job.task, std::string("same-host GPU block-list copy failed: ") + e.what());
         return true;
     }
