@@ -117,9 +117,9 @@ TEST(config_process_wide_knobs) {
              size_t(64) << 10);
     CHECK_EQ(mcrs::gpu_stage_chunk_bytes_from_env(env_of({{"MC_GPU_STAGE_CHUNK_KIB", "8"}})),
              size_t(1) << 20);
-    CHECK(mcrs::gpu_stage_kernel_from_env(env_of({})));
-    CHECK(!mcrs::gpu_stage_kernel_from_env(env_of({{"MC_GPU_STAGE_KERNEL", "0"}})));
-    CHECK(mcrs::gpu_stage_kernel_from_env(env_of({{"MC_GPU_STAGE_KERNEL", "7"}})));  // out of range: default
+    CHECK(!mcrs::gpu_stage_kernel_from_env(env_of({})));
+    CHECK(mcrs::gpu_stage_kernel_from_env(env_of({{"MC_GPU_STAGE_KERNEL", "1"}})));
+    CHECK(!mcrs::gpu_stage_kernel_from_env(env_of({{"MC_GPU_STAGE_KERNEL", "7"}})));  // out of range: default
     CHECK(mcrs::verbs_library_from_env(env_of({})).empty());
     CHECK_EQ(mcrs::verbs_library_from_env(env_of({{"MC_VERBS_LIBRARY", " /x/libibverbs.so "}})),
              std::string("/x/libibverbs.so"));

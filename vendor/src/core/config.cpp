@@ -166,7 +166,7 @@ size_t gpu_stage_chunk_bytes_from_env(const EnvLookup &lookup) {
 }
 
 bool gpu_stage_kernel_from_env(const EnvLookup &lookup) {
-    return Env(lookup).integer("MC_GPU_STAGE_KERNEL", 1, 0, 1) == 1;
+    return Env(lookup).integer("MC_GPU_STAGE_KERNEL", 0, 0, 1) == 1;
 }
 
 LogLevel log_level_from_env(const EnvLookup &lookup) {

@@ -139,9 +139,10 @@ std::string verbs_library_from_env(const EnvLookup &lookup = {});
 // MC_GPU_STAGE_CHUNK_KIB (64..16384, default 1024) in bytes: the pinned
 // staging chunk of TCP transfers of GPU memory.
 size_t gpu_stage_chunk_bytes_from_env(const EnvLookup &lookup = {});
-// MC_GPU_STAGE_KERNEL (0 or 1, default 1): whether the TCP staging rings
+// MC_GPU_STAGE_KERNEL (0 or 1, default 0): whether the TCP staging rings
 // move small pieces between pinned staging and GPU memory with the gather
-// kernel (one launch per batch) instead of one copy-engine copy each.
+// kernel (one launch per batch) instead of one copy-engine copy each. Off
+// until a GPU run has measured it.
 bool gpu_stage_kernel_from_env(const EnvLookup &lookup = {});
 // MC_LOG_LEVEL (TRACE, DEBUG, INFO, WARN/WARNING, ERROR; default WARN);
 // applied once when the library loads.
